@@ -1,0 +1,1 @@
+"""Optional CUDA path (numba-cuda). See cubedqn/cuda/README in module docstrings."""
