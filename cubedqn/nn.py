@@ -1,0 +1,343 @@
+"""The MLP engine: flat parameter layout, batched forward/backward kernels, Q losses.
+
+What this file is: an MLP `in -> h1 -> ... -> hk -> A` (ReLU hidden layers, linear Q
+head, optional dueling head) whose weights and biases all live in one contiguous buffer.
+`Layout` is the single source of truth for shapes and offsets; parameters, gradients,
+optimizer moments and the target network share it, so every layer sees views
+`W[l]` (in_l, out_l) and `b[l]` (out_l,) into a flat array.
+
+Every layer is a `*_forward` / `*_backward` pair of `@njit` kernels taking explicit
+buffers; each GEMM is one BLAS call (`np.dot(a, b, out)` inside njit). The first layer
+has two interchangeable paths: dense (one-hot float input x W1, a GEMM) and sparse
+(sticker indices `6*sticker + colour`: forward gathers and sums rows of W1, backward
+scatter-adds into dW1). Sparse is the default.
+
+What it is not: the optimizer (`optim.py`) or anything that knows about replay or DQN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+HUBER, MSE = 0, 1
+LOSSES = {"huber": HUBER, "mse": MSE}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Shapes and flat offsets of every parameter tensor."""
+
+    in_dim: int            # one-hot width: stickers * 6
+    n_stickers: int        # active inputs per row for the sparse path
+    hidden: tuple          # hidden widths
+    n_actions: int
+    dueling: bool = False
+
+    @property
+    def widths(self):
+        head = self.n_actions + (1 if self.dueling else 0)
+        return (self.in_dim,) + tuple(self.hidden) + (head,)
+
+    @property
+    def n_layers(self):
+        return len(self.hidden) + 1
+
+    @property
+    def tensors(self):
+        """[(W_offset, fan_in, fan_out, b_offset)] per layer, in order."""
+        out, off = [], 0
+        w = self.widths
+        for l in range(self.n_layers):
+            fi, fo = w[l], w[l + 1]
+            out.append((off, fi, fo, off + fi * fo))
+            off += fi * fo + fo
+        return out
+
+    @property
+    def size(self):
+        off, fi, fo, boff = self.tensors[-1]
+        return boff + fo
+
+    def describe(self):
+        return "-".join(str(x) for x in (self.in_dim,) + tuple(self.hidden) + (self.n_actions,)) + \
+            (" dueling" if self.dueling else "")
+
+    def flops_forward(self, rows, sparse=True):
+        """Multiply-add FLOPs (2 per MAC) of a forward pass over `rows` rows."""
+        w = self.widths
+        first = rows * self.n_stickers * w[1] if sparse else 2 * rows * w[0] * w[1]
+        return first + sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))
+
+    def flops_backward(self, rows, sparse=True):
+        w = self.widths
+        first = rows * self.n_stickers * w[1] if sparse else 2 * rows * w[0] * w[1]
+        gemm = sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))  # dW
+        gemm += sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))  # dx
+        return first + gemm
+
+
+def views(flat: np.ndarray, layout: Layout):
+    """(Ws, bs): tuples of views into a flat buffer, one (in, out) matrix and bias per layer."""
+    Ws, bs = [], []
+    for off, fi, fo, boff in layout.tensors:
+        Ws.append(flat[off:off + fi * fo].reshape(fi, fo))
+        bs.append(flat[boff:boff + fo])
+    return tuple(Ws), tuple(bs)
+
+
+def init_params(layout: Layout, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
+    """He/Kaiming-normal weights (std sqrt(2/fan_in); the linear head sqrt(1/fan_in)), zero biases."""
+    flat = np.zeros(layout.size, dtype=dtype)
+    Ws, _ = views(flat, layout)
+    for l, W in enumerate(Ws):
+        fan_in = W.shape[0]
+        gain = 1.0 if l == layout.n_layers - 1 else 2.0
+        W[:] = rng.standard_normal(W.shape) * np.sqrt(gain / fan_in)
+    return flat
+
+
+class Workspace:
+    """Activations and deltas for one (layout, rows, dtype): allocated once, reused every step.
+
+    acts[l] (rows, width_{l+1}) holds layer l's output (ReLU applied for hidden layers);
+    acts[-1] is the raw head. q (rows, A) is the Q-values (a view of the head unless dueling).
+    deltas[l] has the shape of acts[l]. idx (rows, S) int32 and x (rows, in) feed layer 0.
+    """
+
+    def __init__(self, layout: Layout, rows: int, dtype=np.float32, dense_input=False):
+        self.layout, self.rows, self.dtype = layout, rows, dtype
+        w = layout.widths
+        self.acts = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
+        self.deltas = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
+        self.idx = np.zeros((rows, layout.n_stickers), np.int32)
+        self.x = np.zeros((rows, layout.in_dim), dtype) if dense_input else np.zeros((rows, 0), dtype)
+        self.q = np.zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
+        self.dq = np.zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
+
+
+# ---------------------------------------------------------------------------------------
+# Layer kernels
+
+@njit(cache=True, error_model="numpy")
+def sparse_forward(idx, W, b, out, relu):
+    """idx is (B,S) int32 row indices into W (in,H); out (B,H) = b + sum_s W[idx[:,s]]."""
+    n, s = idx.shape
+    h = W.shape[1]
+    for i in range(n):
+        o = out[i]
+        o[:] = b
+        for k in range(s):
+            w = W[idx[i, k]]
+            for j in range(h):
+                o[j] += w[j]
+        if relu:
+            for j in range(h):
+                if o[j] < 0:
+                    o[j] = 0
+
+
+@njit(cache=True, error_model="numpy")
+def sparse_backward(idx, dout, dW, db):
+    """dW (in,H) = scatter-add of dout (B,H) rows at idx (B,S); db = sum of dout rows."""
+    n, s = idx.shape
+    h = dout.shape[1]
+    dW[:] = 0
+    db[:] = 0
+    for i in range(n):
+        d = dout[i]
+        for j in range(h):
+            db[j] += d[j]
+        for k in range(s):
+            w = dW[idx[i, k]]
+            for j in range(h):
+                w[j] += d[j]
+
+
+@njit(cache=True, error_model="numpy")
+def dense_forward(x, W, b, out, relu):
+    """x (B,in), W (in,out), b (out,) -> out (B,out) = x @ W + b, then ReLU if relu."""
+    np.dot(x, W, out)
+    n, h = out.shape
+    for i in range(n):
+        o = out[i]
+        for j in range(h):
+            v = o[j] + b[j]
+            o[j] = v if (v > 0 or not relu) else 0
+
+
+@njit(cache=True, error_model="numpy")
+def dense_backward(x, dout, W, dW, db, dx, x_is_relu):
+    """Given dout (B,out): dW = x.T @ dout, db = sum rows, dx = (dout @ W.T) * (x > 0).
+
+    dx may have zero rows to skip the input gradient (first layer).
+    """
+    np.dot(x.T, dout, dW)
+    n, h = dout.shape
+    db[:] = 0
+    for i in range(n):
+        for j in range(h):
+            db[j] += dout[i, j]
+    if dx.shape[0] > 0:
+        np.dot(dout, W.T, dx)
+        if x_is_relu:
+            m, c = dx.shape
+            for i in range(m):
+                for j in range(c):
+                    if x[i, j] <= 0:
+                        dx[i, j] = 0
+
+
+@njit(cache=True, error_model="numpy")
+def dueling_forward(head, q):
+    """head (B, A+1) = [advantages, value] -> q (B,A) = V + A - mean(A)."""
+    n, a = q.shape
+    for i in range(n):
+        m = 0.0
+        for j in range(a):
+            m += head[i, j]
+        m /= a
+        for j in range(a):
+            q[i, j] = head[i, a] + head[i, j] - m
+
+
+@njit(cache=True, error_model="numpy")
+def dueling_backward(dq, dhead):
+    n, a = dq.shape
+    for i in range(n):
+        s = 0.0
+        for j in range(a):
+            s += dq[i, j]
+        for j in range(a):
+            dhead[i, j] = dq[i, j] - s / a
+        dhead[i, a] = s
+
+
+# ---------------------------------------------------------------------------------------
+# Whole-network kernels (one call per direction; Ws/bs/acts/deltas are tuples of views)
+
+@njit(cache=True, error_model="numpy")
+def mlp_forward(idx, x, sparse, Ws, bs, acts, rows):
+    """Forward over the first `rows` rows: idx (B,S) if sparse else x (B,in); fills acts."""
+    L = len(Ws)
+    if sparse:
+        sparse_forward(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
+    else:
+        dense_forward(x[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
+    for l in range(1, L):
+        dense_forward(acts[l - 1][:rows], Ws[l], bs[l], acts[l][:rows], l < L - 1)
+
+
+@njit(cache=True, error_model="numpy")
+def mlp_backward(idx, x, sparse, Ws, acts, deltas, dWs, dbs, rows):
+    """Backward from deltas[-1] (dLoss/dhead, first `rows` rows) into dWs/dbs.
+
+    Overwrites the gradient buffers (no accumulation); uses deltas[:-1] as scratch.
+    """
+    L = len(Ws)
+    for l in range(L - 1, 0, -1):
+        dense_backward(acts[l - 1][:rows], deltas[l][:rows], Ws[l], dWs[l], dbs[l],
+                       deltas[l - 1][:rows], True)
+    if sparse:
+        sparse_backward(idx[:rows], deltas[0][:rows], dWs[0], dbs[0])
+    else:
+        dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], False)
+
+
+# ---------------------------------------------------------------------------------------
+# Losses on the Q head. loss = scale * sum_i w_i * sum_terms l(q - y); dq gets dLoss/dq.
+
+@njit(cache=True, error_model="numpy")
+def _elem_loss(d, kind):
+    """(loss, dloss/dd) for residual d: Huber (delta 1, smooth L1) or 0.5 d^2."""
+    if kind == 0:
+        ad = abs(d)
+        if ad <= 1.0:
+            return 0.5 * d * d, d
+        return ad - 0.5, (1.0 if d > 0 else -1.0)
+    return 0.5 * d * d, d
+
+
+@njit(cache=True, error_model="numpy")
+def loss_taken(q, actions, targets, weights, scale, kind, dq, td, rows):
+    """Loss on the taken action's Q. q,dq (B,A); actions,targets,weights,td (B,).
+
+    dq is fully written (zero except the taken action); td = q_taken - target.
+    """
+    loss = 0.0
+    for i in range(rows):
+        a = actions[i]
+        d = q[i, a] - targets[i]
+        td[i] = d
+        l, g = _elem_loss(d, kind)
+        loss += weights[i] * l
+        for j in range(q.shape[1]):
+            dq[i, j] = 0
+        dq[i, a] = weights[i] * g * scale
+    return loss * scale
+
+
+@njit(cache=True, error_model="numpy")
+def loss_full(q, targets, weights, scale, kind, dq, td, rows):
+    """Loss on every action's Q against a target vector: q, targets, dq (B,A); td (B,) = max |q - y|."""
+    loss = 0.0
+    n_a = q.shape[1]
+    for i in range(rows):
+        m = 0.0
+        for j in range(n_a):
+            d = q[i, j] - targets[i, j]
+            if abs(d) > m:
+                m = abs(d)
+            l, g = _elem_loss(d, kind)
+            loss += weights[i] * l
+            dq[i, j] = weights[i] * g * scale
+        td[i] = m
+    return loss * scale
+
+
+# ---------------------------------------------------------------------------------------
+# The network object: parameters + views + helpers. Kernels above never see this class.
+
+class MLP:
+    """Online parameters (flat), their views, and a forward helper for evaluation."""
+
+    def __init__(self, layout: Layout, params: np.ndarray | None = None, seed: int = 0,
+                 dtype=np.float32, sparse: bool = True):
+        self.layout = layout
+        self.dtype = np.dtype(dtype)
+        self.sparse = sparse
+        self.params = init_params(layout, np.random.default_rng(seed), self.dtype) if params is None \
+            else np.ascontiguousarray(params, dtype=self.dtype)
+        self.Ws, self.bs = views(self.params, layout)
+        self._eval_ws = {}
+
+    def workspace(self, rows: int) -> Workspace:
+        return Workspace(self.layout, rows, self.dtype, dense_input=not self.sparse)
+
+    def forward_ws(self, ws: Workspace, rows: int):
+        mlp_forward(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows)
+        if self.layout.dueling:
+            dueling_forward(ws.acts[-1][:rows], ws.q[:rows])
+        return ws.q[:rows]
+
+    def q_values(self, states: np.ndarray, chunk: int = 4096) -> np.ndarray:
+        """Q-values (N, A) of uint8 sticker states, in chunks through a cached workspace."""
+        from .cube import encode_index, encode_onehot
+        states = np.ascontiguousarray(np.atleast_2d(states), dtype=np.uint8)
+        n = len(states)
+        out = np.empty((n, self.layout.n_actions), self.dtype)
+        rows = min(chunk, max(n, 1))
+        ws = self._eval_ws.get(rows)
+        if ws is None:
+            ws = self._eval_ws[rows] = self.workspace(rows)
+        for start in range(0, n, rows):
+            part = states[start:start + rows]
+            k = len(part)
+            if self.sparse:
+                encode_index(part, ws.idx[:k])
+            else:
+                encode_onehot(part, ws.x[:k])
+            out[start:start + k] = self.forward_ws(ws, k)
+        return out

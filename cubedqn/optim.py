@@ -1,0 +1,206 @@
+"""Fused optimizers over the flat parameter buffer: SGD, momentum, Nesterov, Adam, AdamW.
+
+What this file is: one pass to measure the gradient norm (float32 partial sums, float64
+total) and one fused pass per step that scales by the clip factor, applies weight decay
+and updates parameters and optimizer state, with no temporary arrays. Learning-rate
+schedules (constant, linear, cosine) are evaluated once per step in Python.
+
+Conventions follow PyTorch: momentum v = mu*v + g, p -= lr*v (Nesterov: p -= lr*(g + mu*v));
+Adam with bias correction; AdamW decays weights by lr*wd before the Adam step; for the
+other optimizers weight_decay is L2 added to the gradient.
+
+Clipping: `clip="global"` scales all gradients by min(1, max_grad_norm/||g||) (the seed's
+sgdStepClipped). `clip="layer"` clips each layer's (W, b) gradient to max_grad_norm on its
+own; it is the rule the LOMO mode uses, because there each layer is updated before the
+gradients of the layers below it exist, so the global norm is not yet known.
+
+Kernels use error_model="numpy" (no divide-by-zero branch) and fastmath so they vectorise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
+SCHEDULES = ("constant", "linear", "cosine")
+CLIPS = ("global", "layer", "none")
+_CHUNK = 4096
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def sq_norm(g):
+    """Sum of squares of a 1-D array: float32 (vectorised) chunks, summed in float64."""
+    total = 0.0
+    n = g.shape[0]
+    for start in range(0, n, 4096):
+        stop = min(start + 4096, n)
+        part = g.dtype.type(0)
+        for i in range(start, stop):
+            part += g[i] * g[i]
+        total += part
+    return total
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def sgd_update(p, g, scale, lr, wd):
+    for i in range(p.shape[0]):
+        p[i] -= lr * (g[i] * scale + wd * p[i])
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def momentum_update(p, g, buf, scale, lr, mu, nesterov, wd):
+    for i in range(p.shape[0]):
+        gi = g[i] * scale + wd * p[i]
+        b = mu * buf[i] + gi
+        buf[i] = b
+        if nesterov:
+            p[i] -= lr * (gi + mu * b)
+        else:
+            p[i] -= lr * b
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def adam_update(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
+    """Adam (decoupled=False: L2 wd into g) / AdamW (decoupled=True). bc1/bc2 = 1 - beta^t."""
+    step = lr / bc1
+    inv_bc2 = 1.0 / bc2
+    for i in range(p.shape[0]):
+        gi = g[i] * scale
+        if decoupled:
+            p[i] -= lr * wd * p[i]
+        else:
+            gi += wd * p[i]
+        mi = b1 * m[i] + (1 - b1) * gi
+        vi = b2 * v[i] + (1 - b2) * gi * gi
+        m[i] = mi
+        v[i] = vi
+        p[i] -= step * mi / (np.sqrt(vi * inv_bc2) + eps)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def polyak_update(target, online, tau):
+    """target = (1 - tau) * target + tau * online."""
+    for i in range(target.shape[0]):
+        target[i] += tau * (online[i] - target[i])
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def add_into(dst, src):
+    for i in range(dst.shape[0]):
+        dst[i] += src[i]
+
+
+@njit(cache=True, error_model="numpy")
+def all_finite(x):
+    for i in range(x.shape[0]):
+        if not np.isfinite(x[i]):
+            return False
+    return True
+
+
+def schedule_lr(kind: str, lr: float, lr_final: float, t: int, total: int) -> float:
+    """Learning rate at step t (0-based) of `total` steps."""
+    if kind == "constant" or total <= 1:
+        return lr
+    frac = min(max(t / (total - 1), 0.0), 1.0)
+    if kind == "linear":
+        return lr + (lr_final - lr) * frac
+    if kind == "cosine":
+        return lr_final + 0.5 * (lr - lr_final) * (1 + math.cos(math.pi * frac))
+    raise ValueError(f"unknown lr schedule '{kind}'")
+
+
+class Optimizer:
+    """Optimizer state in the flat layout plus the fused step.
+
+    `layer_slices` [(lo, hi)] groups each layer's W and b (contiguous in the layout); it is
+    needed for clip="layer" and for LOMO updates of one layer at a time.
+    """
+
+    def __init__(self, kind, size, dtype, layer_slices, lr=1e-3, momentum=0.9, betas=(0.9, 0.999),
+                 eps=1e-8, weight_decay=0.0, max_grad_norm=10.0, clip="global",
+                 schedule="constant", lr_final=None, total_steps=1):
+        if kind not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer '{kind}' (expected one of: {', '.join(OPTIMIZERS)})")
+        if clip not in CLIPS:
+            raise ValueError(f"unknown clip mode '{clip}' (expected one of: {', '.join(CLIPS)})")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown lr schedule '{schedule}' (expected one of: {', '.join(SCHEDULES)})")
+        self.kind, self.dtype = kind, np.dtype(dtype)
+        self.layer_slices = list(layer_slices)
+        self.lr0, self.momentum, self.betas, self.eps = lr, momentum, betas, eps
+        self.weight_decay, self.max_grad_norm, self.clip = weight_decay, max_grad_norm, clip
+        self.schedule, self.total_steps = schedule, total_steps
+        self.lr_final = lr if lr_final is None else lr_final
+        self.t = 0
+        self.m = np.zeros(size if kind != "sgd" else 0, self.dtype)
+        self.v = np.zeros(size if kind in ("adam", "adamw") else 0, self.dtype)
+        self.last_norm = 0.0
+        self.lr = lr
+
+    # -- one fused step over the whole buffer -------------------------------------------
+    def step(self, params: np.ndarray, grads: np.ndarray) -> float:
+        """Clip and apply grads to params; returns the (pre-clip) global gradient norm."""
+        self.begin_step()
+        if self.clip == "layer":
+            total = 0.0
+            for lo, hi in self.layer_slices:
+                total += self.apply(params, grads[lo:hi], lo, hi)
+            self.last_norm = math.sqrt(total)
+            return self.last_norm
+        norm = math.sqrt(sq_norm(grads))
+        scale = 1.0
+        if self.clip == "global" and self.max_grad_norm > 0 and norm > self.max_grad_norm:
+            scale = self.max_grad_norm / (norm + 1e-6)
+        self._update(params, grads, 0, params.shape[0], scale)
+        self.last_norm = norm
+        return norm
+
+    def begin_step(self):
+        self.lr = schedule_lr(self.schedule, self.lr0, self.lr_final, self.t, self.total_steps)
+        self.t += 1
+
+    def apply(self, params, grad_slice, lo, hi) -> float:
+        """Update params[lo:hi] from grad_slice with per-layer clipping; returns its squared norm.
+
+        Call begin_step() once per step before the first apply (LOMO does this).
+        """
+        sq = sq_norm(grad_slice)
+        scale = 1.0
+        norm = math.sqrt(sq)
+        if self.clip != "none" and self.max_grad_norm > 0 and norm > self.max_grad_norm:
+            scale = self.max_grad_norm / (norm + 1e-6)
+        self._update(params, grad_slice, lo, hi, scale)
+        return sq
+
+    def _update(self, params, g, lo, hi, scale):
+        f = self.dtype.type
+        p = params[lo:hi]
+        lr, wd = f(self.lr), f(self.weight_decay)
+        if self.kind == "sgd":
+            sgd_update(p, g, f(scale), lr, wd)
+        elif self.kind in ("momentum", "nesterov"):
+            momentum_update(p, g, self.m[lo:hi], f(scale), lr, f(self.momentum),
+                            self.kind == "nesterov", wd)
+        else:
+            b1, b2 = self.betas
+            adam_update(p, g, self.m[lo:hi], self.v[lo:hi], f(scale), lr, f(b1), f(b2), f(self.eps),
+                        f(1 - b1 ** self.t), f(1 - b2 ** self.t), wd, self.kind == "adamw")
+
+    def state_arrays(self):
+        return {"opt_m": self.m, "opt_v": self.v}
+
+    def load_state(self, arrays, t):
+        for name, arr in self.state_arrays().items():
+            src = arrays[name]
+            if src.shape != arr.shape:
+                raise ValueError(f"optimizer state '{name}' has shape {src.shape}, expected {arr.shape}")
+            arr[:] = src
+        self.t = int(t)
+
+    @property
+    def nbytes(self):
+        return self.m.nbytes + self.v.nbytes

@@ -1,0 +1,134 @@
+"""Slow, obvious plain-numpy references for the Numba kernels.
+
+What this file is: the trusted versions the tests compare the fast kernels against, and
+the "straightforward numpy implementation" the benchmarks time. Nothing here is fused,
+preallocated or clever; clarity is the point. Not used on any hot path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .nn import Layout, views
+
+
+def onehot(states: np.ndarray) -> np.ndarray:
+    n, s = states.shape
+    x = np.zeros((n, s * 6))
+    x[np.arange(n)[:, None], 6 * np.arange(s)[None, :] + states] = 1
+    return x
+
+
+def forward(layout: Layout, flat: np.ndarray, x: np.ndarray):
+    """Returns (q, acts) with acts[l] the output of layer l (acts[-1] the raw head)."""
+    Ws, bs = views(flat, layout)
+    acts = []
+    h = x
+    for l, (W, b) in enumerate(zip(Ws, bs)):
+        h = h @ W + b
+        if l < len(Ws) - 1:
+            h = np.maximum(h, 0)
+        acts.append(h)
+    head = acts[-1]
+    if layout.dueling:
+        a = layout.n_actions
+        q = head[:, a:a + 1] + head[:, :a] - head[:, :a].mean(axis=1, keepdims=True)
+    else:
+        q = head
+    return q, acts
+
+
+def elem_loss(d, kind):
+    if kind == "huber":
+        ad = np.abs(d)
+        return np.where(ad <= 1, 0.5 * d * d, ad - 0.5), np.clip(d, -1, 1)
+    return 0.5 * d * d, d
+
+
+def loss_and_dq(q, kind, targets, actions=None, weights=None, scale=None):
+    """Loss on taken actions (actions given, targets (B,)) or on all actions (targets (B,A))."""
+    n = q.shape[0]
+    weights = np.ones(n) if weights is None else weights
+    scale = 1.0 / n if scale is None else scale
+    dq = np.zeros_like(q)
+    if actions is not None:
+        d = q[np.arange(n), actions] - targets
+        l, g = elem_loss(d, kind)
+        dq[np.arange(n), actions] = weights * g * scale
+        return float((weights * l).sum() * scale), dq
+    l, g = elem_loss(q - targets, kind)
+    dq = weights[:, None] * g * scale
+    return float((weights[:, None] * l).sum() * scale), dq
+
+
+def backward(layout: Layout, flat: np.ndarray, x: np.ndarray, acts, dq) -> np.ndarray:
+    """Flat gradient of the loss given dLoss/dq."""
+    Ws, _ = views(flat, layout)
+    grad = np.zeros_like(flat)
+    gW, gb = views(grad, layout)
+    if layout.dueling:
+        a = layout.n_actions
+        d = np.concatenate([dq - dq.mean(axis=1, keepdims=True), dq.sum(axis=1, keepdims=True)], axis=1)
+    else:
+        d = dq
+    for l in range(len(Ws) - 1, -1, -1):
+        inp = x if l == 0 else acts[l - 1]
+        gW[l][:] = inp.T @ d
+        gb[l][:] = d.sum(axis=0)
+        if l > 0:
+            d = (d @ Ws[l].T) * (inp > 0)
+    return grad
+
+
+class ReferenceOptimizer:
+    """Plain-numpy SGD/momentum/Nesterov/Adam/AdamW with global or per-layer clipping."""
+
+    def __init__(self, kind, size, layer_slices, lr, momentum=0.9, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0, max_grad_norm=0.0, clip="global"):
+        self.kind, self.lr, self.mu, self.betas, self.eps = kind, lr, momentum, betas, eps
+        self.wd, self.max_norm, self.clip, self.slices = weight_decay, max_grad_norm, clip, layer_slices
+        self.m = np.zeros(size)
+        self.v = np.zeros(size)
+        self.t = 0
+
+    def _clip(self, g):
+        g = g.copy()
+        if self.max_norm <= 0 or self.clip == "none":
+            return g
+        groups = [(0, len(g))] if self.clip == "global" else self.slices
+        for lo, hi in groups:
+            n = np.linalg.norm(g[lo:hi])
+            if n > self.max_norm:
+                g[lo:hi] *= self.max_norm / (n + 1e-6)
+        return g
+
+    def step(self, p, g):
+        self.t += 1
+        g = self._clip(g)
+        if self.kind == "sgd":
+            p -= self.lr * (g + self.wd * p)
+        elif self.kind in ("momentum", "nesterov"):
+            g = g + self.wd * p
+            self.m = self.mu * self.m + g
+            p -= self.lr * (g + self.mu * self.m if self.kind == "nesterov" else self.m)
+        else:
+            b1, b2 = self.betas
+            if self.kind == "adamw":
+                p -= self.lr * self.wd * p
+            else:
+                g = g + self.wd * p
+            self.m = b1 * self.m + (1 - b1) * g
+            self.v = b2 * self.v + (1 - b2) * g * g
+            mhat = self.m / (1 - b1 ** self.t)
+            vhat = self.v / (1 - b2 ** self.t)
+            p -= self.lr * mhat / (np.sqrt(vhat) + self.eps)
+        return p
+
+
+def double_dqn_targets(rewards, dones, discounts, q_next_online, q_next_target):
+    a_star = q_next_online.argmax(axis=1)
+    return rewards + discounts * (1 - dones) * q_next_target[np.arange(len(rewards)), a_star]
+
+
+def dqn_targets(rewards, dones, discounts, q_next_target):
+    return rewards + discounts * (1 - dones) * q_next_target.max(axis=1)

@@ -1,0 +1,176 @@
+"""Engine correctness: gradients vs central finite differences (float64), sparse == dense,
+Numba kernels == plain-numpy reference, fused optimizers == reference over 10 steps."""
+import numpy as np
+import pytest
+
+from cubedqn import reference as ref
+from cubedqn.cube import encode_index, encode_onehot
+from cubedqn.nn import LOSSES, MLP, Layout, loss_full, loss_taken, views
+from cubedqn.optim import Optimizer, sq_norm
+
+S = 8  # a tiny "puzzle": 8 stickers, 6 colours
+
+
+def make(hidden=(7, 5), actions=4, dueling=False, sparse=True, seed=0):
+    layout = Layout(in_dim=S * 6, n_stickers=S, hidden=hidden, n_actions=actions, dueling=dueling)
+    net = MLP(layout, seed=seed, dtype=np.float64, sparse=sparse)
+    net.params += np.random.default_rng(seed + 1).normal(0, 0.05, net.params.shape)  # nonzero biases
+    return net
+
+
+def batch(n=6, seed=3):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 6, size=(n, S)).astype(np.uint8)
+
+
+def fill_input(net, ws, states):
+    if net.sparse:
+        encode_index(states, ws.idx[:len(states)])
+    else:
+        encode_onehot(states, ws.x[:len(states)])
+
+
+def engine_loss_and_grad(net, states, kind, targets, actions=None, weights=None):
+    from cubedqn.nn import dueling_backward, mlp_backward
+    n = len(states)
+    ws = net.workspace(n)
+    fill_input(net, ws, states)
+    q = net.forward_ws(ws, n)
+    w = np.ones(n) if weights is None else weights
+    td = np.zeros(n)
+    if actions is not None:
+        loss = loss_taken(q, actions, targets, w, 1.0 / n, LOSSES[kind], ws.dq, td, n)
+    else:
+        loss = loss_full(q, targets, w, 1.0 / n, LOSSES[kind], ws.dq, td, n)
+    if net.layout.dueling:
+        dueling_backward(ws.dq[:n], ws.deltas[-1][:n])
+    grad = np.zeros_like(net.params)
+    gW, gb = views(grad, net.layout)
+    mlp_backward(ws.idx, ws.x, net.sparse, net.Ws, ws.acts, ws.deltas, gW, gb, n)
+    return loss, grad, q.copy()
+
+
+def ref_loss(net, params, states, kind, targets, actions=None, weights=None):
+    q, _ = ref.forward(net.layout, params, ref.onehot(states))
+    loss, _ = ref.loss_and_dq(q, kind, targets, actions, weights)
+    return loss
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("dueling", [False, True])
+@pytest.mark.parametrize("kind", ["huber", "mse"])
+@pytest.mark.parametrize("mode", ["taken", "full"])
+def test_gradients_match_finite_differences(sparse, dueling, kind, mode):
+    net = make(dueling=dueling, sparse=sparse)
+    states = batch()
+    rng = np.random.default_rng(7)
+    n = len(states)
+    weights = rng.uniform(0.5, 1.5, n)
+    if mode == "taken":
+        actions = rng.integers(0, 4, n).astype(np.int64)
+        targets = rng.normal(0, 2, n)  # residuals on both sides of the Huber kink
+    else:
+        actions = None
+        targets = rng.normal(0, 2, (n, 4))
+    loss, grad, _ = engine_loss_and_grad(net, states, kind, targets, actions, weights)
+    assert loss == pytest.approx(ref_loss(net, net.params, states, kind, targets, actions, weights), rel=1e-12)
+    eps = 1e-6
+    num = np.zeros_like(grad)
+    for i in range(len(grad)):
+        p = net.params.copy()
+        p[i] += eps
+        lp = ref_loss(net, p, states, kind, targets, actions, weights)
+        p[i] -= 2 * eps
+        lm = ref_loss(net, p, states, kind, targets, actions, weights)
+        num[i] = (lp - lm) / (2 * eps)
+    np.testing.assert_allclose(grad, num, rtol=1e-5, atol=1e-8)
+
+
+def test_sparse_and_dense_first_layers_agree():
+    sparse = make(sparse=True)
+    dense = make(sparse=False)
+    np.testing.assert_array_equal(sparse.params, dense.params)
+    states = batch(9)
+    rng = np.random.default_rng(1)
+    actions = rng.integers(0, 4, 9).astype(np.int64)
+    targets = rng.normal(0, 1, 9)
+    ls, gs, qs = engine_loss_and_grad(sparse, states, "huber", targets, actions)
+    ld, gd, qd = engine_loss_and_grad(dense, states, "huber", targets, actions)
+    np.testing.assert_allclose(qs, qd, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gs, gd, rtol=1e-12, atol=1e-12)
+    assert ls == pytest.approx(ld, rel=1e-12)
+
+
+def test_float32_forward_and_backward_match_reference():
+    layout = Layout(in_dim=24 * 6, n_stickers=24, hidden=(64, 32), n_actions=12)
+    net = MLP(layout, seed=5)
+    states = np.random.default_rng(2).integers(0, 6, (33, 24)).astype(np.uint8)
+    q = net.q_values(states)
+    q_ref, acts = ref.forward(layout, net.params.astype(np.float64), ref.onehot(states))
+    np.testing.assert_allclose(q, q_ref, rtol=1e-4, atol=1e-4)
+    actions = np.random.default_rng(3).integers(0, 12, 33)
+    targets = np.random.default_rng(4).normal(0, 1, 33)
+    _, dq = ref.loss_and_dq(q_ref, "huber", targets, actions)
+    g_ref = ref.backward(layout, net.params.astype(np.float64), ref.onehot(states), acts, dq)
+    net64 = MLP(layout, params=net.params.astype(np.float64), dtype=np.float64)
+    _, g, _ = engine_loss_and_grad(net64, states, "huber", targets, actions)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-9, atol=1e-12)
+
+
+def test_q_values_chunks_equal_one_pass():
+    layout = Layout(in_dim=24 * 6, n_stickers=24, hidden=(16,), n_actions=12)
+    net = MLP(layout, seed=1)
+    states = np.random.default_rng(2).integers(0, 6, (50, 24)).astype(np.uint8)
+    np.testing.assert_array_equal(net.q_values(states, chunk=7), net.q_values(states, chunk=64))
+
+
+def layer_slices(layout):
+    return [(off, boff + fo) for off, fi, fo, boff in layout.tensors]
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam", "adamw"])
+@pytest.mark.parametrize("clip", ["none", "global", "layer"])
+def test_fused_optimizers_match_reference_over_10_steps(kind, clip):
+    layout = Layout(in_dim=S * 6, n_stickers=S, hidden=(7, 5), n_actions=4)
+    rng = np.random.default_rng(0)
+    p = rng.normal(0, 1, layout.size)
+    p_ref = p.copy()
+    slices = layer_slices(layout)
+    kw = dict(lr=0.01, momentum=0.9, weight_decay=0.01, max_grad_norm=2.0)
+    opt = Optimizer(kind, layout.size, np.float64, slices, clip=clip, **kw)
+    opt_ref = ref.ReferenceOptimizer(kind, layout.size, slices, clip=clip, **kw)
+    for _ in range(10):
+        g = rng.normal(0, 3, layout.size)  # big enough that clipping bites
+        opt.step(p, g)
+        opt_ref.step(p_ref, g)
+    np.testing.assert_allclose(p, p_ref, rtol=1e-10, atol=1e-12)
+
+
+def test_sq_norm_matches_numpy():
+    g = np.random.default_rng(0).normal(0, 1, 10007).astype(np.float32)
+    assert sq_norm(g) == pytest.approx(float((g.astype(np.float64) ** 2).sum()), rel=1e-5)
+
+
+def test_torch_autograd_agrees_if_installed():
+    torch = pytest.importorskip("torch")
+    net = make(hidden=(9, 6), dueling=False)
+    states = batch(5)
+    rng = np.random.default_rng(9)
+    actions = rng.integers(0, 4, 5).astype(np.int64)
+    targets = rng.normal(0, 2, 5)
+    loss, grad, q = engine_loss_and_grad(net, states, "huber", targets, actions)
+    Ws, bs = views(net.params, net.layout)
+    tW = [torch.tensor(W, requires_grad=True) for W in Ws]
+    tb = [torch.tensor(b, requires_grad=True) for b in bs]
+    h = torch.tensor(ref.onehot(states))
+    for l in range(len(tW)):
+        h = h @ tW[l] + tb[l]
+        if l < len(tW) - 1:
+            h = torch.relu(h)
+    tq = h.gather(1, torch.tensor(actions)[:, None])[:, 0]
+    tl = torch.nn.functional.smooth_l1_loss(tq, torch.tensor(targets))
+    tl.backward()
+    np.testing.assert_allclose(q, h.detach().numpy(), rtol=1e-12)
+    assert loss == pytest.approx(tl.item(), rel=1e-12)
+    tgrad = np.concatenate([np.concatenate([w.grad.numpy().ravel(), b.grad.numpy()]) for w, b in zip(tW, tb)])
+    np.testing.assert_allclose(grad, tgrad, rtol=1e-10, atol=1e-12)
