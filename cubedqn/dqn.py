@@ -1,0 +1,306 @@
+"""The DQN training loop for cube puzzles, top to bottom in one file.
+
+One iteration steps N cubes together: a batched Q forward picks epsilon-greedy actions,
+one kernel applies them and emits n-step transitions, one call adds them to replay; then
+(every `train_freq` iterations, once `learning_starts` transitions exist) `gradient_steps`
+learner updates run. Every phase is timed (see learner.PhaseTimer).
+
+Deviations from the DQN paper (Mnih et al. 2015), all deliberate and documented:
+- Double DQN targets by default (van Hasselt et al. 2016); vanilla and a model-based
+  "all-actions" mode (trains every action of a sampled state from its known children)
+  are one config value away.
+- Reward is -1 per move and solving terminates, so Q(s, a) ~ -(1 + cost-to-go of the
+  child). gamma defaults to 0.99: with gamma = 1 an untrained policy's values diverge
+  (episodes only end by truncation); 0.99 keeps values bounded while -(1 - 0.99^d)/0.01
+  still ranks depths correctly (values at depth 14 differ by ~0.87 per move).
+- Episodes are truncated (not terminated) after max_episode_moves; truncation bootstraps.
+- A scramble-depth curriculum replaces a fixed start distribution.
+- Epsilon decays linearly over `exploration_fraction` of the planned gradient steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .checkpoint import CheckpointError, atomic_savez, atomic_write_json, read_json, read_npz
+from .config import Config, ConfigError, validate
+from .cube import METRICS, encode_index, encode_onehot, get_puzzle
+from .env import VecEnv, select_actions
+from .learner import Learner, PhaseTimer
+from .nn import Layout
+from .optim import all_finite
+from .replay import Batch, ReplayBuffer
+from .search import greedy_solve
+
+
+class TrainingDiverged(RuntimeError):
+    """Loss or parameters became NaN/Inf."""
+
+
+def make_layout(cfg: Config) -> Layout:
+    p = get_puzzle(cfg.puzzle)
+    return Layout(in_dim=p.n_stickers * 6, n_stickers=p.n_stickers, hidden=tuple(cfg.hidden),
+                  n_actions=METRICS[cfg.metric], dueling=cfg.dueling)
+
+
+def eval_states(puzzle, n_actions, depth, n, seed):
+    """A fixed evaluation batch at one scramble depth (independent of the training RNG)."""
+    from .cube import scramble_into
+    rng = np.random.default_rng([seed, depth, 7919])
+    states = np.repeat(puzzle.solved[None], n, axis=0)
+    scramble_into(states, np.full(n, depth), np.ascontiguousarray(puzzle.moves), n_actions, rng, True,
+                  np.empty((n, 0), np.int8))
+    return states
+
+
+class Trainer:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg = validate(cfg)
+        self.puzzle = get_puzzle(cfg.puzzle)
+        self.n_actions = METRICS[cfg.metric]
+        self.moves = np.ascontiguousarray(self.puzzle.moves[:self.n_actions])
+        self.layout = make_layout(cfg)
+        dtype = np.float32 if cfg.precision == "float32" else np.float64
+        self.rng = np.random.default_rng(cfg.seed)
+        n_step = 1 if cfg.targets == "all-actions" else cfg.n_step
+        self.learner = Learner(
+            self.layout, self.moves, cfg.batch_size, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
+            optimizer=cfg.optimizer, seed=cfg.seed, dtype=dtype, sparse=cfg.sparse_input,
+            grad_accum=cfg.grad_accum, lomo=cfg.lomo, target_update_interval=cfg.target_update_interval,
+            tau=cfg.tau, lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+            max_grad_norm=cfg.max_grad_norm, clip=cfg.clip, schedule=cfg.lr_schedule,
+            lr_final=cfg.lr_final, total_steps=max(cfg.steps, 1))
+        self.replay = ReplayBuffer(cfg.buffer_size, self.puzzle.n_stickers, cfg.gamma,
+                                   prioritized=cfg.prioritized_replay, alpha=cfg.prioritized_replay_alpha,
+                                   eps=cfg.prioritized_replay_eps)
+        self.batch = Batch(cfg.batch_size, self.puzzle.n_stickers, dtype)
+        self.env = VecEnv(self.puzzle, cfg.n_envs, self.n_actions, cfg.max_episode_moves, cfg.gamma, n_step)
+        self.act_ws = self.learner.online.workspace(cfg.n_envs)
+        self.timer = PhaseTimer()
+        self.grad_steps = self.env_steps = self.vec_steps = self.episodes = self.solved_episodes = 0
+        self.pending = 0
+        self.depth = cfg.curriculum_start if cfg.curriculum == "adaptive" else cfg.depth_max
+        self.depth = min(max(self.depth, cfg.depth_min), cfg.depth_max)
+        self.last_solve_rate = None
+        self._eval_cache = {}
+        self._log_acc = [0.0, 0]
+        self.env.reset(np.ones(cfg.n_envs, np.bool_), *self.depth_range(), self.rng)
+
+    # -- schedules -------------------------------------------------------------------------
+    def depth_range(self):
+        return self.cfg.depth_min, max(self.depth, self.cfg.depth_min)
+
+    def epsilon(self):
+        c = self.cfg
+        progress = self.grad_steps / max(c.steps, 1)
+        if c.exploration_fraction <= 0:
+            return c.exploration_final_eps
+        frac = min(1.0, progress / c.exploration_fraction)
+        return c.exploration_initial_eps + frac * (c.exploration_final_eps - c.exploration_initial_eps)
+
+    def per_beta(self):
+        b0 = self.cfg.prioritized_replay_beta0
+        return b0 + (1.0 - b0) * min(1.0, self.grad_steps / max(self.cfg.steps, 1))
+
+    # -- one iteration of the N environments ----------------------------------------------
+    def env_iteration(self):
+        clock, timer, env = time.perf_counter, self.timer, self.env
+        t0 = clock()
+        net = self.learner.online
+        if net.sparse:
+            encode_index(env.states, self.act_ws.idx)
+        else:
+            encode_onehot(env.states, self.act_ws.x)
+        q = net.forward_ws(self.act_ws, env.n)
+        select_actions(q, self.epsilon(), self.rng, env.actions)
+        t1 = clock()
+        count, solved = env.step(env.actions)
+        if env.ended.any():
+            self.episodes += int(env.ended.sum())
+            self.solved_episodes += solved
+            env.reset(env.ended, *self.depth_range(), self.rng)
+        t2 = clock()
+        self.replay.add(env.out_s, env.out_a, env.out_r, env.out_next, env.out_done, env.out_n, count)
+        t3 = clock()
+        timer.add("act", t1 - t0)
+        timer.add("env", t2 - t1)
+        timer.add("replay add", t3 - t2)
+        self.env_steps += env.n
+        self.vec_steps += 1
+
+    def gradient_step(self):
+        clock, timer, c = time.perf_counter, self.timer, self.cfg
+        t0 = clock()
+        self.replay.sample(self.rng, self.batch, self.per_beta())
+        timer.add("sample", clock() - t0)
+        loss = self.learner.train_step(self.batch, timer, use_weights=c.prioritized_replay)
+        if c.prioritized_replay:
+            t1 = clock()
+            self.replay.update_priorities(self.batch.indices, self.learner.td)
+            timer.add("sample", clock() - t1)
+        if not math.isfinite(loss):
+            raise TrainingDiverged(f"loss became {loss} at gradient step {self.grad_steps + 1}; "
+                                   "try a lower learning_rate or max_grad_norm")
+        self.grad_steps += 1
+        self._log_acc[0] += loss
+        self._log_acc[1] += 1
+
+    def evaluate_curriculum(self):
+        """Greedy solve rate on a fixed batch at the current max depth; raise depth on success."""
+        t0 = time.perf_counter()
+        c = self.cfg
+        key = self.depth
+        if key not in self._eval_cache:
+            self._eval_cache[key] = eval_states(self.puzzle, self.n_actions, key, c.curriculum_eval_n, c.seed)
+        solved, _, _ = greedy_solve(self.learner.online, self._eval_cache[key], self.moves,
+                                    min(c.max_episode_moves, 2 * key + 2))
+        self.last_solve_rate = float(solved.mean())
+        if c.curriculum == "adaptive" and self.last_solve_rate >= c.curriculum_threshold \
+                and self.depth < c.depth_max:
+            self.depth += 1
+        self.timer.add("eval", time.perf_counter() - t0)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, max_steps=None, minutes=None, run_dir=None, on_log=None):
+        """Train until max_steps gradient steps in total (default cfg.steps) or `minutes` pass."""
+        c = self.cfg
+        target = c.steps if max_steps is None else max_steps
+        minutes = c.minutes if minutes is None else minutes
+        deadline = time.perf_counter() + minutes * 60 if minutes else math.inf
+        metrics = Path(run_dir) / "metrics.jsonl" if run_dir else None
+        self._interval_start = (time.perf_counter(), self.grad_steps, self.env_steps)
+        learn_after = max(c.learning_starts, c.batch_size)
+        # Each pass does one env iteration or one gradient step, so a run stopped between any
+        # two gradient steps (and checkpointed, `pending` included) resumes exactly.
+        while self.grad_steps < target and time.perf_counter() < deadline:
+            if self.pending == 0:
+                self.env_iteration()
+                if self.replay.size >= learn_after and self.vec_steps % c.train_freq == 0:
+                    self.pending = c.gradient_steps
+                continue
+            self.gradient_step()
+            self.pending -= 1
+            if self.grad_steps % c.eval_interval == 0:
+                self.evaluate_curriculum()
+            if self.grad_steps % c.log_interval == 0:
+                self.log(metrics, on_log)
+            if run_dir and c.checkpoint_interval and self.grad_steps % c.checkpoint_interval == 0:
+                self.save(run_dir)
+        return self
+
+    def log(self, metrics_path=None, on_log=None):
+        t0 = time.perf_counter()
+        start, g0, e0 = self._interval_start
+        dt = max(t0 - start, 1e-9)
+        steps = self.grad_steps - g0
+        rec = {
+            "step": self.grad_steps, "env_steps": self.env_steps,
+            "steps_per_min": steps / dt * 60, "env_steps_per_s": (self.env_steps - e0) / dt,
+            "loss": self._log_acc[0] / max(self._log_acc[1], 1), "mean_q": self.learner.last_mean_q,
+            "epsilon": self.epsilon(), "depth": self.depth, "solve_rate": self.last_solve_rate,
+            "lr": self.learner.opt.lr, "grad_norm": self.learner.opt.last_norm,
+            "episodes": self.episodes, "solved_episodes": self.solved_episodes,
+            "phases_ms": {k: v / max(steps, 1) * 1e3 for k, v in self.timer.total.items()},
+        }
+        if not all_finite(self.learner.online.params):
+            raise TrainingDiverged(f"parameters became NaN/Inf by gradient step {self.grad_steps}; "
+                                   "try a lower learning_rate or max_grad_norm")
+        if metrics_path:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        if on_log:
+            on_log(rec)
+        self._log_acc = [0.0, 0]
+        self.timer.reset()
+        self._interval_start = (time.perf_counter(), self.grad_steps, self.env_steps)
+        self.timer.add("other", time.perf_counter() - t0)
+        return rec
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_dict(self):
+        return {
+            "version": __version__, "puzzle": self.cfg.puzzle, "metric": self.cfg.metric,
+            "layout": self.layout.describe(), "param_count": self.layout.size,
+            "grad_steps": self.grad_steps, "env_steps": self.env_steps, "vec_steps": self.vec_steps,
+            "episodes": self.episodes, "solved_episodes": self.solved_episodes, "pending": self.pending,
+            "depth": self.depth, "last_solve_rate": self.last_solve_rate,
+            "optimizer_t": self.learner.opt.t, "updates": self.learner.updates,
+            "rng": self.rng.bit_generator.state, "has_replay": bool(self.cfg.save_replay),
+        }
+
+    def save(self, run_dir):
+        """Write config.json, model.npz, replay.npz (optional) and state.json atomically."""
+        if not (all_finite(self.learner.online.params) and all_finite(self.learner.target.params)):
+            raise TrainingDiverged("parameters are NaN/Inf: the last good checkpoint was left untouched")
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run_dir / "config.json", self.cfg.to_dict())
+        atomic_savez(run_dir / "model.npz", self.learner.arrays())
+        if self.cfg.save_replay:
+            arrays = self.replay.arrays()
+            arrays.update(self.env.arrays())
+            atomic_savez(run_dir / "replay.npz", arrays)
+        atomic_write_json(run_dir / "state.json", self.state_dict())
+        return run_dir
+
+    @classmethod
+    def load(cls, run_dir, **overrides) -> "Trainer":
+        run_dir = Path(run_dir)
+        if not run_dir.is_dir():
+            raise CheckpointError(f"checkpoint directory {run_dir} does not exist")
+        cfg = load_config(run_dir)
+        if overrides:
+            cfg = cfg.replace(**overrides)
+        state = read_json(run_dir / "state.json")
+        tr = cls(cfg)
+        if state.get("param_count") != tr.layout.size:
+            raise CheckpointError(f"{run_dir}: state.json does not match config.json (network size)")
+        data = read_npz(run_dir / "model.npz")
+        try:
+            tr.learner.load_arrays(data, state["optimizer_t"])
+            if state.get("has_replay") and (run_dir / "replay.npz").exists():
+                rep = read_npz(run_dir / "replay.npz")
+                tr.replay.load_arrays(rep)
+                tr.env.load_arrays(rep)
+            for k in ("grad_steps", "env_steps", "vec_steps", "episodes", "solved_episodes", "pending", "depth"):
+                setattr(tr, k, int(state[k]))
+            tr.last_solve_rate = state["last_solve_rate"]
+            tr.learner.updates = int(state["updates"])
+            tr.rng.bit_generator.state = state["rng"]
+        except (KeyError, ValueError, TypeError) as e:
+            raise CheckpointError(f"{run_dir}: checkpoint is corrupt or mismatched ({e})") from None
+        return tr
+
+
+def load_config(run_dir) -> Config:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"checkpoint directory {run_dir} does not exist")
+    try:
+        return validate(Config.from_dict(read_json(run_dir / "config.json"), source=f"{run_dir}/config.json"))
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint config is invalid: {e}") from None
+
+
+def load_policy(run_dir):
+    """(config, online MLP) from a run directory, for eval and solve; no optimizer or replay."""
+    from .nn import MLP
+    cfg = load_config(run_dir)
+    layout = make_layout(cfg)
+    data = read_npz(Path(run_dir) / "model.npz")
+    if "params" not in data:
+        raise CheckpointError(f"{run_dir}/model.npz has no 'params' array")
+    if data["params"].shape != (layout.size,):
+        raise CheckpointError(f"{run_dir}/model.npz does not match its config.json "
+                              f"({data['params'].size} parameters, the network needs {layout.size})")
+    net = MLP(layout, params=data["params"], dtype=np.float32 if cfg.precision == "float32" else np.float64,
+              sparse=cfg.sparse_input)
+    if not all_finite(net.params):
+        raise CheckpointError(f"{run_dir}/model.npz holds NaN/Inf parameters")
+    return cfg, net

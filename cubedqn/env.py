@@ -1,0 +1,165 @@
+"""Vectorised cube environments and epsilon-greedy acting, as Numba kernels.
+
+What this file is: N cubes stepped together in one kernel call. Reward is -1 per move,
+an episode terminates when the cube is solved (cost-to-go formulation) and is truncated
+(not terminal: the value is bootstrapped) after `max_episode_moves`; both reset the cube
+to a fresh scramble whose depth is drawn uniformly from the curriculum's [lo, hi].
+
+n-step returns are formed here, per environment, as transitions leave a short history:
+(s_t, a_t, R = sum_k gamma^k r_{t+k}, s_{t+m}, done, m) with m = n, or fewer at the end
+of an episode. n = 1 is ordinary one-step transitions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .cube import scramble_into
+
+
+@njit(cache=True)
+def _solved(state):
+    per = state.shape[0] // 6
+    for f in range(6):
+        c = state[f * per]
+        for k in range(1, per):
+            if state[f * per + k] != c:
+                return False
+    return True
+
+
+@njit(cache=True)
+def reset_envs(states, mask, solved_state, depth_lo, depth_hi, moves, n_actions, rng, ep_steps, hist_len):
+    """Re-scramble envs where mask[i]: depth uniform in [lo, hi], never an already solved cube."""
+    n, s = states.shape
+    one = np.empty((1, s), np.uint8)
+    depth = np.empty(1, np.int64)
+    rec = np.empty((1, 0), np.int8)
+    for i in range(n):
+        if not mask[i]:
+            continue
+        while True:
+            one[0] = solved_state
+            depth[0] = rng.integers(depth_lo, depth_hi + 1)
+            scramble_into(one, depth, moves, n_actions, rng, True, rec)
+            if not _solved(one[0]):
+                break
+        states[i] = one[0]
+        ep_steps[i] = 0
+        hist_len[i] = 0
+
+
+@njit(cache=True)
+def select_actions(q, eps, rng, out):
+    """epsilon-greedy over the rows of q (N, A)."""
+    n, a_n = q.shape
+    for i in range(n):
+        if rng.random() < eps:
+            out[i] = rng.integers(0, a_n)
+        else:
+            best = 0
+            for a in range(1, a_n):
+                if q[i, a] > q[i, best]:
+                    best = a
+            out[i] = best
+
+
+@njit(cache=True)
+def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a, hist_len,
+              out_s, out_a, out_r, out_next, out_done, out_n, ended):
+    """Step every env; emit finished n-step transitions into out_*; mark ended envs.
+
+    Returns (transitions emitted, episodes solved). Ended envs still hold their final state:
+    reset them with reset_envs(mask=ended).
+    """
+    n, s = states.shape
+    nstep = hist_s.shape[1]
+    tmp = np.empty(s, np.uint8)
+    count = 0
+    n_solved = 0
+    for i in range(n):
+        k = hist_len[i]
+        hist_s[i, k] = states[i]
+        hist_a[i, k] = actions[i]
+        hist_len[i] = k + 1
+        perm = moves[actions[i]]
+        for j in range(s):
+            tmp[j] = states[i, perm[j]]
+        states[i] = tmp
+        ep_steps[i] += 1
+        solved = _solved(states[i])
+        truncated = (not solved) and ep_steps[i] >= max_moves
+        ended[i] = solved or truncated
+        if solved:
+            n_solved += 1
+        m = hist_len[i]
+        if m == nstep or ended[i]:
+            n_emit = m if ended[i] else 1
+            for e in range(n_emit):
+                ret = 0.0
+                g = 1.0
+                for _ in range(e, m):
+                    ret += -1.0 * g
+                    g *= gamma
+                out_s[count] = hist_s[i, e]
+                out_a[count] = hist_a[i, e]
+                out_r[count] = ret
+                out_next[count] = states[i]
+                out_done[count] = 1 if solved else 0
+                out_n[count] = m - e
+                count += 1
+            if ended[i]:
+                hist_len[i] = 0
+            else:
+                for e in range(1, m):
+                    hist_s[i, e - 1] = hist_s[i, e]
+                    hist_a[i, e - 1] = hist_a[i, e]
+                hist_len[i] = m - 1
+    return count, n_solved
+
+
+class VecEnv:
+    """N cubes, their episode counters, n-step histories and the emitted-transition buffers."""
+
+    def __init__(self, puzzle, n_envs, n_actions, max_moves, gamma, n_step):
+        self.puzzle, self.n, self.n_actions = puzzle, n_envs, n_actions
+        self.max_moves, self.gamma, self.n_step = max_moves, gamma, n_step
+        s = puzzle.n_stickers
+        self.states = np.repeat(puzzle.solved[None], n_envs, axis=0)
+        self.ep_steps = np.zeros(n_envs, np.int64)
+        self.hist_s = np.zeros((n_envs, n_step, s), np.uint8)
+        self.hist_a = np.zeros((n_envs, n_step), np.int64)
+        self.hist_len = np.zeros(n_envs, np.int64)
+        cap = n_envs * n_step
+        self.out_s = np.zeros((cap, s), np.uint8)
+        self.out_next = np.zeros((cap, s), np.uint8)
+        self.out_a = np.zeros(cap, np.uint8)
+        self.out_r = np.zeros(cap, np.float32)
+        self.out_done = np.zeros(cap, np.uint8)
+        self.out_n = np.zeros(cap, np.uint8)
+        self.ended = np.zeros(n_envs, np.bool_)
+        self.actions = np.zeros(n_envs, np.int64)
+        self._moves = np.ascontiguousarray(puzzle.moves)
+
+    def reset(self, mask, lo, hi, rng):
+        reset_envs(self.states, mask, self.puzzle.solved, lo, hi, self._moves, self.n_actions, rng,
+                   self.ep_steps, self.hist_len)
+
+    def step(self, actions):
+        return step_envs(self.states, actions, self._moves, self.ep_steps, self.max_moves, self.gamma,
+                         self.hist_s, self.hist_a, self.hist_len, self.out_s, self.out_a, self.out_r,
+                         self.out_next, self.out_done, self.out_n, self.ended)
+
+    ARRAYS = ("states", "ep_steps", "hist_s", "hist_a", "hist_len")
+
+    def arrays(self):
+        return {f"env_{k}": getattr(self, k) for k in self.ARRAYS}
+
+    def load_arrays(self, data):
+        for k in self.ARRAYS:
+            src = data[f"env_{k}"]
+            if src.shape != getattr(self, k).shape:
+                raise ValueError(f"saved environments '{k}' have shape {src.shape}, "
+                                 f"config needs {getattr(self, k).shape}")
+            getattr(self, k)[:] = src

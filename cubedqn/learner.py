@@ -1,0 +1,263 @@
+"""The learner: one DQN gradient step over a sampled batch, from targets to update.
+
+What this file is: the online network, the target network, gradients and the optimizer,
+all in the flat layout, plus the preallocated workspaces for one batch size. A step is a
+handful of Numba calls, each timed into a phase (forward, backward, optimizer):
+
+  targets "double" (default): online forward on [s; s'] as one 2B-row GEMM chain, target
+      forward on s'; y = r + gamma^n (1 - done) Q_target(s', argmax_a Q_online(s', a)).
+  targets "dqn": y = r + gamma^n (1 - done) max_a Q_target(s', a).
+  targets "all-actions": uses the cube model. For each sampled s, all children c_a are
+      formed and the target network scores them; every action is trained at once with
+      y_a = -1 if c_a is solved else -1 + gamma * max_a' Q_target(c_a, a').
+
+Gradient accumulation splits the batch into k micro-batches and applies one update.
+LOMO applies each layer's update during backward, as soon as its gradient is known, with
+per-layer clipping (see optim.py) and no full gradient buffer.
+
+What it is not: acting, replay or the training loop (see dqn.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from numba import njit
+
+from .cube import encode_index, encode_onehot, expand_children, solved_batch
+from .nn import (LOSSES, MLP, Layout, dense_backward, dueling_backward, loss_full, loss_taken,
+                 mlp_backward, mlp_forward, sparse_backward, views)
+from .optim import Optimizer, add_into, polyak_update
+
+TARGETS = ("dqn", "double", "all-actions")
+
+
+class PhaseTimer:
+    """Accumulates wall time per phase; one perf_counter call per phase boundary."""
+
+    PHASES = ("env", "act", "replay add", "sample", "forward", "backward", "optimizer",
+              "target update", "eval", "other")
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.total = dict.fromkeys(self.PHASES, 0.0)
+
+    def add(self, phase, seconds):
+        self.total[phase] += seconds
+
+
+@njit(cache=True, error_model="numpy")
+def sampled_targets(q_next_online, q_next_target, rewards, dones, discounts, double, out):
+    """y = r + disc * (1 - done) * Q_t(s', a*) with a* from the online net (double) or Q_t."""
+    n, a_n = q_next_target.shape
+    for i in range(out.shape[0]):
+        if double:
+            best = 0
+            for a in range(1, a_n):
+                if q_next_online[i, a] > q_next_online[i, best]:
+                    best = a
+            v = q_next_target[i, best]
+        else:
+            v = q_next_target[i, 0]
+            for a in range(1, a_n):
+                if q_next_target[i, a] > v:
+                    v = q_next_target[i, a]
+        out[i] = rewards[i] + discounts[i] * (1.0 - dones[i]) * v
+
+
+@njit(cache=True, error_model="numpy")
+def all_action_targets(q_children, child_solved, gamma, out):
+    """out (B,A): y[b,a] = -1 + gamma * max Q_t(child) unless the child is solved (then -1)."""
+    b_n, a_n = out.shape
+    for b in range(b_n):
+        for a in range(a_n):
+            r = b * a_n + a
+            if child_solved[r]:
+                out[b, a] = -1.0
+            else:
+                v = q_children[r, 0]
+                for k in range(1, q_children.shape[1]):
+                    if q_children[r, k] > v:
+                        v = q_children[r, k]
+                out[b, a] = -1.0 + gamma * v
+
+
+class Learner:
+    def __init__(self, layout: Layout, moves: np.ndarray, batch_size: int, targets="double",
+                 gamma=0.99, loss="huber", optimizer="adam", seed=0, dtype=np.float32,
+                 sparse=True, grad_accum=1, lomo=False, target_update_interval=1000, tau=1.0,
+                 **opt_kwargs):
+        if targets not in TARGETS:
+            raise ValueError(f"unknown targets '{targets}' (expected one of: {', '.join(TARGETS)})")
+        if batch_size % grad_accum:
+            raise ValueError(f"batch_size {batch_size} is not divisible by grad_accum {grad_accum}")
+        if lomo and grad_accum > 1:
+            raise ValueError("lomo cannot be combined with grad_accum > 1 (there is no gradient to accumulate)")
+        if lomo and opt_kwargs.get("clip", "global") == "global":
+            opt_kwargs["clip"] = "layer"  # the documented LOMO clipping rule
+        self.layout, self.moves, self.targets = layout, moves, targets
+        self.batch_size, self.gamma, self.loss_kind = batch_size, gamma, LOSSES[loss]
+        self.dtype = np.dtype(dtype)
+        self.grad_accum, self.lomo = grad_accum, lomo
+        self.target_update_interval, self.tau = target_update_interval, tau
+        self.n_actions = layout.n_actions
+        self.online = MLP(layout, seed=seed, dtype=dtype, sparse=sparse)
+        self.target = MLP(layout, params=self.online.params.copy(), dtype=dtype, sparse=sparse)
+        self.grads = np.zeros(layout.size if not lomo else 0, self.dtype)
+        self.gWs, self.gbs = views(self.grads, layout) if not lomo else ((), ())
+        self.grads_tmp = np.zeros(layout.size if grad_accum > 1 else 0, self.dtype)
+        self.tWs, self.tbs = views(self.grads_tmp, layout) if grad_accum > 1 else ((), ())
+        self.layer_slices = [(off, boff + fo) for off, fi, fo, boff in layout.tensors]
+        if lomo:
+            self.lomo_scratch = np.zeros(max(hi - lo for lo, hi in self.layer_slices), self.dtype)
+        self.opt = Optimizer(optimizer, layout.size, dtype, self.layer_slices, **opt_kwargs)
+        micro = batch_size // grad_accum
+        self.micro = micro
+        online_rows = micro if targets != "double" else 2 * micro
+        self.ws = self.online.workspace(online_rows)
+        target_rows = micro * self.n_actions if targets == "all-actions" else micro
+        self.ws_t = self.target.workspace(target_rows)
+        self.y = np.zeros(micro, self.dtype)
+        self.Y = np.zeros((micro, self.n_actions), self.dtype)
+        self.td = np.zeros(batch_size, self.dtype)
+        self.children = np.zeros((micro, self.n_actions, layout.n_stickers), np.uint8)
+        self.child_solved = np.zeros(micro * self.n_actions, np.bool_)
+        self.ones = np.ones(batch_size, self.dtype)
+        self.updates = 0
+        self.last_loss = 0.0
+        self.last_mean_q = 0.0
+
+    # -- input encoding -------------------------------------------------------------------
+    def _encode(self, net, ws, states, row0):
+        k = len(states)
+        if net.sparse:
+            encode_index(states, ws.idx[row0:row0 + k])
+        else:
+            encode_onehot(states, ws.x[row0:row0 + k])
+
+    # -- one gradient step ----------------------------------------------------------------
+    def train_step(self, batch, timer: PhaseTimer | None = None, use_weights=False):
+        """One optimizer update from batch (replay.Batch). Returns the loss; td errors in self.td."""
+        clock = time.perf_counter
+        t = clock()
+        loss = 0.0
+        m = self.micro
+        weights = batch.weights if use_weights else self.ones
+        scale = 1.0 / self.batch_size
+        for k in range(self.grad_accum):
+            sl = slice(k * m, (k + 1) * m)
+            loss += self._forward_loss(batch, sl, weights[sl], scale)
+            t1 = clock()
+            if timer:
+                timer.add("forward", t1 - t)
+            if self.lomo:
+                self._lomo_backward_update(m)
+                t2 = clock()
+                if timer:
+                    timer.add("backward", t2 - t1)
+                t = t2
+                break
+            gW, gb = (self.gWs, self.gbs) if k == 0 else (self.tWs, self.tbs)
+            mlp_backward(self.ws.idx, self.ws.x, self.online.sparse, self.online.Ws, self.ws.acts,
+                         self.ws.deltas, gW, gb, m)
+            if k > 0:
+                add_into(self.grads, self.grads_tmp)
+            t = clock()
+            if timer:
+                timer.add("backward", t - t1)
+        if not self.lomo:
+            self.opt.step(self.online.params, self.grads)
+        self.updates += 1
+        t2 = clock()
+        if timer:
+            timer.add("optimizer", t2 - t)
+        self.maybe_update_target(timer, t2)
+        self.last_loss = loss
+        return loss
+
+    def _forward_loss(self, batch, sl, weights, scale):
+        m = self.micro
+        on, tg, ws, wt = self.online, self.target, self.ws, self.ws_t
+        states = batch.states[sl]
+        self._encode(on, ws, states, 0)
+        if self.targets == "all-actions":
+            expand_children(states, self.moves, self.n_actions, self.children)
+            kids = self.children.reshape(m * self.n_actions, -1)
+            solved_batch(kids, self.child_solved)
+            self._encode(tg, wt, kids, 0)
+            q_kids = tg.forward_ws(wt, m * self.n_actions)
+            all_action_targets(q_kids, self.child_solved, self.gamma, self.Y)
+            q = on.forward_ws(ws, m)
+            loss = loss_full(q, self.Y, weights, scale, self.loss_kind, ws.dq, self.td[sl], m)
+        else:
+            nxt = batch.next_states[sl]
+            self._encode(tg, wt, nxt, 0)
+            q_next_t = tg.forward_ws(wt, m)
+            if self.targets == "double":
+                self._encode(on, ws, nxt, m)
+                q_all = on.forward_ws(ws, 2 * m)
+                q, q_next_on = q_all[:m], q_all[m:]
+            else:
+                q = on.forward_ws(ws, m)
+                q_next_on = q_next_t
+            sampled_targets(q_next_on, q_next_t, batch.rewards[sl], batch.dones[sl], batch.discounts[sl],
+                            self.targets == "double", self.y)
+            loss = loss_taken(q, batch.actions[sl], self.y, weights, scale, self.loss_kind, ws.dq,
+                              self.td[sl], m)
+        self.last_mean_q = float(ws.q[:m].mean()) if m else 0.0
+        if self.layout.dueling:
+            dueling_backward(ws.dq[:m], ws.deltas[-1][:m])
+        return loss
+
+    def _lomo_backward_update(self, rows):
+        """Backward layer by layer (top first), updating each layer right after its gradient."""
+        on, ws, opt = self.online, self.ws, self.opt
+        opt.begin_step()
+        total = 0.0
+        for l in range(self.layout.n_layers - 1, -1, -1):
+            lo, hi = self.layer_slices[l]
+            off, fi, fo, boff = self.layout.tensors[l]
+            g = self.lomo_scratch[:hi - lo]
+            dW = g[:fi * fo].reshape(fi, fo)
+            db = g[fi * fo:]
+            if l > 0:
+                # dx uses this layer's weights before they are updated.
+                dense_backward(ws.acts[l - 1][:rows], ws.deltas[l][:rows], on.Ws[l], dW, db,
+                               ws.deltas[l - 1][:rows], True)
+            elif on.sparse:
+                sparse_backward(ws.idx[:rows], ws.deltas[0][:rows], dW, db)
+            else:
+                dense_backward(ws.x[:rows], ws.deltas[0][:rows], on.Ws[0], dW, db,
+                               ws.deltas[0][:0], False)
+            total += opt.apply(on.params, g, lo, hi)
+        opt.last_norm = float(np.sqrt(total))
+
+    def maybe_update_target(self, timer=None, t0=None):
+        if self.tau < 1.0:
+            polyak_update(self.target.params, self.online.params, self.dtype.type(self.tau))
+        elif self.updates % self.target_update_interval == 0:
+            np.copyto(self.target.params, self.online.params)
+        if timer:
+            timer.add("target update", time.perf_counter() - t0)
+
+    # -- persistence ----------------------------------------------------------------------
+    def arrays(self):
+        out = {"params": self.online.params, "target_params": self.target.params}
+        out.update(self.opt.state_arrays())
+        return out
+
+    def load_arrays(self, data, opt_t):
+        for name, dst in (("params", self.online.params), ("target_params", self.target.params)):
+            src = data[name]
+            if src.shape != dst.shape:
+                raise ValueError(f"checkpoint '{name}' has {src.size} values, the network needs {dst.size}")
+            dst[:] = src
+        self.opt.load_state(data, opt_t)
+
+    @property
+    def nbytes(self):
+        return self.online.params.nbytes + self.target.params.nbytes + self.grads.nbytes + \
+            self.grads_tmp.nbytes + self.opt.nbytes

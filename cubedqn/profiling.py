@@ -1,0 +1,127 @@
+"""Step-time breakdown of the training loop, achieved vs peak GEMM rate, BLAS in use.
+
+What this file is: `profile_training` runs the configured loop past its warm-up
+(compilation and replay fill excluded), then times N gradient steps phase by phase with
+the trainer's own PhaseTimer, and reports ms per gradient step, throughput, GFLOP/s of
+the GEMM phases next to a single-thread-or-T sgemm peak measured in this process, memory,
+and which BLAS library, kernel and thread count ran.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from numba import njit
+
+from .learner import PhaseTimer
+
+TRAIN_PHASES = ("sample", "forward", "backward", "optimizer")
+
+
+@njit(cache=True)
+def _gemm(a, b, c):
+    np.dot(a, b, c)
+
+
+def peak_gflops(dtype=np.float32, n=1024, reps=5) -> float:
+    """Best-of-reps GEMM rate of the BLAS that njit kernels call, n x n x n."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, n)).astype(dtype)
+    c = np.empty((n, n), dtype)
+    _gemm(a, b, c)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        _gemm(a, b, c)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best / 1e9
+
+
+def blas_info() -> dict:
+    """The OpenBLAS that numba's np.dot uses (scipy's), its kernel and threads."""
+    from threadpoolctl import threadpool_info
+    infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    pick = next((i for i in infos if "scipy" in i.get("filepath", "")), infos[0] if infos else {})
+    return {"library": pick.get("internal_api", "unknown"), "version": pick.get("version"),
+            "kernel": pick.get("architecture"), "threads": pick.get("num_threads"),
+            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
+
+
+def step_flops(trainer) -> tuple[float, float]:
+    """(forward, backward) FLOPs of one gradient step's GEMM phases."""
+    cfg, lay = trainer.cfg, trainer.layout
+    b, sparse = cfg.batch_size, cfg.sparse_input
+    if cfg.targets == "double":
+        fwd = lay.flops_forward(2 * b, sparse) + lay.flops_forward(b, sparse)
+    elif cfg.targets == "dqn":
+        fwd = 2 * lay.flops_forward(b, sparse)
+    else:
+        fwd = lay.flops_forward(b * trainer.n_actions, sparse) + lay.flops_forward(b, sparse)
+    return float(fwd), float(lay.flops_backward(b, sparse))
+
+
+def profile_training(cfg, steps, warmup, device="cpu") -> dict:
+    from .cli import make_trainer
+    import numba
+    cfg = cfg.replace(steps=max(cfg.steps, warmup + steps), minutes=0.0, log_interval=10 ** 9,
+                      eval_interval=10 ** 9, checkpoint_interval=0,
+                      learning_starts=min(cfg.learning_starts, cfg.batch_size * 4))
+    peak = peak_gflops(np.float32 if cfg.precision == "float32" else np.float64)
+    trainer = make_trainer(cfg, device)
+    trainer.run(max_steps=warmup)
+    trainer.timer.reset()
+    g0, e0 = trainer.grad_steps, trainer.env_steps
+    t0 = time.perf_counter()
+    trainer.run(max_steps=warmup + steps)
+    wall = time.perf_counter() - t0
+    n = trainer.grad_steps - g0
+    phases = {k: v / n * 1e3 for k, v in trainer.timer.total.items()}
+    phases["other"] += max(0.0, wall / n * 1e3 - sum(phases.values()))
+    train_ms = sum(phases[k] for k in TRAIN_PHASES)
+    fwd, bwd = step_flops(trainer)
+    gemm_s = (phases["forward"] + phases["backward"]) / 1e3
+    rep = trainer.replay
+    return {
+        "puzzle": cfg.puzzle, "metric": cfg.metric, "network": trainer.layout.describe(),
+        "batch_size": cfg.batch_size, "targets": cfg.targets, "optimizer": cfg.optimizer,
+        "device": device, "threads": cfg.threads, "numba_threads": numba.get_num_threads(),
+        "steps": n, "train_step_ms": train_ms, "step_ms": wall / n * 1e3,
+        "steps_per_min": n / wall * 60, "env_steps_per_s": (trainer.env_steps - e0) / wall,
+        "train_steps_per_min": 60e3 / train_ms if train_ms > 0 else None,
+        "phases": phases,
+        "flops_per_step": fwd + bwd, "gflops": (fwd + bwd) / gemm_s / 1e9 if gemm_s > 0 else None,
+        "peak_gflops": peak,
+        "memory_bytes": {"parameters": int(trainer.learner.online.params.nbytes * 2),
+                         "gradients": int(trainer.learner.grads.nbytes + trainer.learner.grads_tmp.nbytes),
+                         "optimizer_state": int(trainer.learner.opt.nbytes),
+                         "replay_buffer": int(rep.nbytes), "replay_per_transition": int(rep.nbytes_per_transition)},
+        "blas": blas_info(),
+    }
+
+
+def format_report(r: dict) -> str:
+    lines = [f"{r['puzzle']} {r['metric']}  network {r['network']}  batch {r['batch_size']}  "
+             f"targets {r['targets']}  optimizer {r['optimizer']}  device {r['device']}  threads {r['threads']}",
+             f"{'phase':<14s} {'ms/step':>9s} {'%':>6s}"]
+    total = sum(r["phases"].values())
+    for k in PhaseTimer.PHASES:
+        v = r["phases"][k]
+        lines.append(f"{k:<14s} {v:>9.4f} {100 * v / total:>6.1f}")
+    lines.append(f"{'total':<14s} {total:>9.4f} {100.0:>6.1f}")
+    lines.append(f"train step (sample+forward+backward+optimizer): {r['train_step_ms']:.4f} ms "
+                 f"= {r['train_steps_per_min']:.0f} steps/min")
+    lines.append(f"end to end: {r['steps_per_min']:.0f} gradient steps/min, {r['env_steps_per_s']:.0f} env steps/s")
+    if r["gflops"]:
+        lines.append(f"GEMM phases: {r['gflops']:.1f} GFLOP/s achieved vs {r['peak_gflops']:.1f} GFLOP/s peak "
+                     f"sgemm ({100 * r['gflops'] / r['peak_gflops']:.0f}%)")
+    m = r["memory_bytes"]
+    lines.append(f"memory: parameters+target {m['parameters'] / 1e6:.2f} MB, gradients {m['gradients'] / 1e6:.2f} MB, "
+                 f"optimizer state {m['optimizer_state'] / 1e6:.2f} MB, replay {m['replay_buffer'] / 1e6:.2f} MB "
+                 f"({m['replay_per_transition']} B/transition)")
+    b = r["blas"]
+    lines.append(f"BLAS: {b['library']} {b['version']} kernel {b['kernel']}, {b['threads']} thread(s), "
+                 f"OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""CLI contracts: JSON keys, one-line errors with exit status 2, train -> eval -> solve."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cubedqn.cli import main
+from cubedqn.cube import get_puzzle, parse_moves, apply_moves, to_facelets
+
+TINY = ["--hidden", "16", "--n-envs", "8", "--batch-size", "8", "--learning-starts", "16",
+        "--buffer-size", "500", "--log-interval", "5", "--eval-interval", "5", "--curriculum-eval-n", "8"]
+
+
+def run(args, code=0):
+    r = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert r.exit_code == code, r.output
+    return r
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "tiny"
+    r = run(["train", "--profile", "cube2-quick", "--steps", "10", "--minutes", "0", "--out", str(out)] + TINY)
+    assert "evaluate with: cubedqn eval --checkpoint" in r.output
+    return out
+
+
+def test_version_and_help():
+    assert "cubedqn, version" in run(["--version"]).output
+    out = run(["--help"]).output
+    for cmd in ("train", "profile", "eval", "solve", "scramble", "oracle", "plot", "profiles"):
+        assert cmd in out
+
+
+def test_scramble_json_contract():
+    r = run(["scramble", "--puzzle", "cube3", "--moves", "R U R' U'", "--json"])
+    d = json.loads(r.output)
+    assert set(d) == {"puzzle", "moves", "facelets", "solved"}
+    p = get_puzzle("cube3")
+    assert d["facelets"] == to_facelets(apply_moves(p, p.solved, parse_moves("R U R' U'")))
+    assert d["solved"] is False
+    d1 = json.loads(run(["scramble", "--puzzle", "cube2", "--depth", "7", "--seed", "3", "--json"]).output)
+    d2 = json.loads(run(["scramble", "--puzzle", "cube2", "--depth", "7", "--seed", "3", "--json"]).output)
+    assert d1 == d2 and len(d1["moves"].split()) == 7
+    assert json.loads(run(["scramble", "--puzzle", "cube2", "--moves", "R2", "--metric", "qtm", "--json"]).output)["moves"] == "R2"
+
+
+def test_oracle_json_contract(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUBEDQN_CACHE_DIR", str(tmp_path))
+    d = json.loads(run(["oracle", "--puzzle", "cube2", "--metric", "htm", "--json"]).output)
+    assert d == {"puzzle": "cube2", "metric": "htm", "states": 3674160,
+                 "counts": [1, 9, 54, 321, 1847, 9992, 50136, 227536, 870072, 1887748, 623800, 2644]}
+
+
+def one_line_error(args, needle):
+    r = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert r.exit_code == 2, r.output
+    lines = [l for l in r.output.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("cubedqn: error:"), r.output
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["scramble", "--moves", "R Q"], "unknown move 'Q' at position 2"),
+    (["scramble", "--puzzle", "cube4", "--depth", "2"], "unknown puzzle 'cube4'"),
+    (["scramble", "--depth", "-1"], "--depth must be >= 0"),
+    (["scramble"], "give exactly one of --depth or --moves"),
+    (["scramble", "--depth", "x"], "'x' is not a valid integer"),
+    (["oracle", "--puzzle", "cube3"], "no exact oracle for cube3"),
+    (["train", "--profile", "nope"], "unknown profile 'nope'"),
+    (["train", "--batch-size", "0"], "batch_size must be positive"),
+    (["train", "--buffer-size", "-5"], "buffer_size must be positive"),
+    (["train", "--exploration-final-eps", "1.5"], "exploration_final_eps must be in [0, 1]"),
+    (["train", "--optimizer", "rmsprop"], "unknown optimizer 'rmsprop'"),
+    (["train", "--hidden", "256,abc"], "bad hidden spec '256,abc'"),
+    (["train", "--hidden", "0"], "bad hidden spec"),
+    (["train", "--targets", "maybe"], "unknown targets 'maybe'"),
+    (["train", "--learning-rate", "fast"], "learning_rate must be a float"),
+    (["train", "--puzzle", "cube9"], "unknown puzzle 'cube9'"),
+    (["train", "--resume", "/nonexistent/run"], "does not exist"),
+    (["eval", "--checkpoint", "/nonexistent/run"], "does not exist"),
+    (["solve", "--checkpoint", "/nonexistent/run", "--scramble", "R"], "does not exist"),
+    (["profile", "--steps", "0"], "--steps must be positive"),
+    (["plot", "/nonexistent/run"], "metrics.jsonl does not exist"),
+    (["frobnicate"], "No such command 'frobnicate'"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle):
+    one_line_error(args, needle)
+
+
+def test_device_cuda_without_gpu_fails_at_once(monkeypatch):
+    import cubedqn.cuda as cu
+    monkeypatch.setattr(cu, "gpu_status", lambda: (False, "no usable NVIDIA GPU or CUDA driver was found"))
+    one_line_error(["train", "--device", "cuda", "--steps", "1"], "--device cuda: no usable NVIDIA GPU")
+
+
+def test_train_eval_solve_round_trip(trained):
+    for f in ("config.json", "model.npz", "state.json", "metrics.jsonl", "replay.npz"):
+        assert (trained / f).exists(), f
+    rec = json.loads((trained / "metrics.jsonl").read_text().splitlines()[0])
+    for k in ("step", "env_steps", "steps_per_min", "env_steps_per_s", "loss", "mean_q", "epsilon", "depth",
+              "solve_rate", "phases_ms"):
+        assert k in rec
+    d = json.loads(run(["eval", "--checkpoint", str(trained), "--depths", "1-2", "--n", "5", "--json"]).output)
+    assert {"rows", "solved_frac", "mean_length"} <= set(d) and len(d["rows"]) == 2
+    d = json.loads(run(["eval", "--checkpoint", str(trained), "--random-states", "5", "--search", "beam",
+                        "--beam-width", "4", "--max-moves", "3", "--json"]).output)
+    assert {"rows", "solved_frac", "mean_length", "optimal_frac", "mean_optimal_length"} <= set(d)
+    d = json.loads(run(["solve", "--checkpoint", str(trained), "--scramble", "R U", "--search", "beam",
+                        "--beam-width", "512", "--json"]).output)
+    assert set(d) == {"solution", "length", "solved", "seconds"}
+    if d["solved"]:
+        p = get_puzzle("cube2")
+        s = apply_moves(p, apply_moves(p, p.solved, parse_moves("R U")), parse_moves(d["solution"]))
+        assert len(set(s[:4])) == 1
+    one_line_error(["solve", "--checkpoint", str(trained), "--facelets", "UUUU"], "must have 24 letters")
+    p2 = get_puzzle("cube2")
+    t = list(to_facelets(p2.solved))
+    a, b, c = p2.corner_facelets[0]
+    t[a], t[b], t[c] = t[c], t[a], t[b]  # twist one corner in place
+    one_line_error(["solve", "--checkpoint", str(trained), "--facelets", "".join(t)], "corner twist")
+    one_line_error(["eval", "--checkpoint", str(trained), "--search", "astar"], "unknown search 'astar'")
+    one_line_error(["eval", "--checkpoint", str(trained), "--depths", "a-b"], "bad --depths")
+    one_line_error(["train", "--out", str(trained), "--steps", "1"], "already holds a run")
+
+
+def test_resume_continues(trained, tmp_path):
+    import shutil
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained, run_dir)
+    r = run(["train", "--resume", str(run_dir), "--steps", "15"])
+    assert "resuming" in r.output
+    assert json.loads((run_dir / "state.json").read_text())["grad_steps"] == 15
+
+
+def test_checkpoint_for_wrong_puzzle_is_rejected(trained, tmp_path):
+    import shutil
+    run_dir = tmp_path / "bad"
+    shutil.copytree(trained, run_dir)
+    cfg = json.loads((run_dir / "config.json").read_text())
+    cfg["puzzle"] = "cube3"
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    one_line_error(["eval", "--checkpoint", str(run_dir)], "does not match")
+    (run_dir / "config.json").write_text("{not json")
+    one_line_error(["eval", "--checkpoint", str(run_dir)], "corrupt")
+
+
+def test_plot_and_profiles(trained, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "m.png"
+    run(["plot", str(trained), "--out", str(out)])
+    assert out.stat().st_size > 1000
+    r = run(["profiles"])
+    for name in ("cube2-quick", "cube2", "cube2-fast", "cube2-quality", "cube3"):
+        assert name in r.output
+    assert "cube2-quick" in run(["train", "--profile", "list"]).output
+
+
+def test_profile_json_contract():
+    r = run(["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--steps", "5",
+             "--warmup", "2", "--json"])
+    d = json.loads(r.output)
+    for k in ("train_step_ms", "steps_per_min", "env_steps_per_s", "phases", "gflops", "peak_gflops", "blas"):
+        assert k in d
+    assert set(d["phases"]) == {"env", "act", "replay add", "sample", "forward", "backward", "optimizer",
+                                "target update", "eval", "other"}
+    assert d["train_step_ms"] > 0

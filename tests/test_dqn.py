@@ -1,0 +1,291 @@
+"""Trainer pieces: replay, sum-tree, n-step returns, target rules, accumulation, LOMO,
+exact resume, checkpoint errors, and a short 2x2x2 run that must learn depth <= 3."""
+import json
+
+import numpy as np
+import pytest
+
+from cubedqn import reference as ref
+from cubedqn.checkpoint import CheckpointError
+from cubedqn.config import Config
+from cubedqn.cube import expand_children, get_puzzle, solved_batch
+from cubedqn.dqn import Trainer, load_policy
+from cubedqn.env import VecEnv
+from cubedqn.learner import Learner, all_action_targets, sampled_targets
+from cubedqn.nn import Layout
+from cubedqn.replay import Batch, ReplayBuffer, tree_find, tree_set
+
+P2 = get_puzzle("cube2")
+
+
+def fill(buf, n, rng):
+    s = rng.integers(0, 6, (n, 24)).astype(np.uint8)
+    nx = rng.integers(0, 6, (n, 24)).astype(np.uint8)
+    a = rng.integers(0, 12, n).astype(np.uint8)
+    r = rng.normal(0, 1, n).astype(np.float32)
+    d = rng.integers(0, 2, n).astype(np.uint8)
+    k = rng.integers(1, 4, n).astype(np.uint8)
+    buf.add(s, a, r, nx, d, k)
+    return s, a, r, nx, d, k
+
+
+def test_replay_ring_round_trip_and_wraparound(tmp_path):
+    rng = np.random.default_rng(0)
+    buf = ReplayBuffer(100, 24, gamma=0.9)
+    chunks = [fill(buf, 30, rng) for _ in range(4)]  # 120 > 100: wraps
+    assert buf.size == 100 and buf.pos == 20
+    allv = [np.concatenate(x) for x in zip(*chunks)]
+    # slot j holds the most recent transition written there
+    for j in range(100):
+        src = j + 100 if j < 20 else j
+        assert np.array_equal(buf.states[j], allv[0][src]) and buf.actions[j] == allv[1][src]
+    assert buf.nbytes_per_transition == 24 + 24 + 1 + 4 + 1 + 1 <= 64
+    buf.save(tmp_path / "r.npz")
+    other = ReplayBuffer(100, 24, gamma=0.9)
+    other.load(tmp_path / "r.npz")
+    for f in ReplayBuffer.FIELDS:
+        assert np.array_equal(getattr(other, f), getattr(buf, f))
+    batch = Batch(8, 24, np.float32)
+    other.sample(np.random.default_rng(1), batch)
+    for k in range(8):
+        j = batch.indices[k]
+        assert np.array_equal(batch.states[k], buf.states[j])
+        assert batch.discounts[k] == pytest.approx(0.9 ** buf.nsteps[j])
+
+
+def test_uniform_sampling_distribution():
+    buf = ReplayBuffer(50, 24, gamma=0.9)
+    fill(buf, 50, np.random.default_rng(0))
+    batch = Batch(64, 24, np.float32)
+    rng = np.random.default_rng(2)
+    counts = np.zeros(50)
+    for _ in range(500):
+        buf.sample(rng, batch)
+        counts += np.bincount(batch.indices, minlength=50)
+    expected = 500 * 64 / 50
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 100  # 49 dof: p ~ 1e-5 cut-off
+
+
+def test_sum_tree_matches_numpy_prefix_sums():
+    rng = np.random.default_rng(0)
+    cap2 = 16
+    tree = np.zeros(2 * cap2)
+    pri = rng.uniform(0, 2, 13)
+    tree_set(tree, cap2, np.arange(13), pri)
+    assert tree[1] == pytest.approx(pri.sum())
+    cum = np.cumsum(pri)
+    for m in rng.uniform(0, pri.sum(), 200):
+        assert tree_find(tree, cap2, m) == int(np.searchsorted(cum, m, side="right"))
+    tree_set(tree, cap2, np.array([3]), np.array([0.0]))
+    pri[3] = 0
+    assert tree[1] == pytest.approx(pri.sum())
+
+
+def test_prioritized_sampling_follows_priorities_and_weights():
+    buf = ReplayBuffer(8, 24, gamma=0.9, prioritized=True, alpha=1.0, eps=0.0)
+    fill(buf, 8, np.random.default_rng(0))
+    pri = np.array([1, 1, 1, 1, 1, 1, 1, 9], float)
+    buf.update_priorities(np.arange(8), pri)
+    batch = Batch(64, 24, np.float32)
+    rng = np.random.default_rng(3)
+    counts = np.zeros(8)
+    for _ in range(300):
+        buf.sample(rng, batch, beta=1.0)
+        counts += np.bincount(batch.indices, minlength=8)
+    frac = counts / counts.sum()
+    np.testing.assert_allclose(frac, pri / pri.sum(), atol=0.02)
+    # weights (N P(i))^-1 normalised by the max: priority-1 items get weight 1, the heavy one 1/9
+    w = dict(zip(batch.indices.tolist(), batch.weights.tolist()))
+    assert w.get(7, 1 / 9) == pytest.approx(1 / 9, rel=1e-5)
+
+
+def test_n_step_returns_on_a_hand_made_trajectory():
+    # One env: scramble R U (2 moves), then play U' R' (solves on step 2).
+    env = VecEnv(P2, 1, 12, max_moves=30, gamma=0.5, n_step=3)
+    s0 = P2.solved[P2.moves[6]][P2.moves[0]]
+    env.states[0] = s0
+    env.step(np.array([1]))  # U'
+    c1 = env.step(np.array([1]))  # wrong way: U' again (no solve)
+    assert c1 == (0, 0)
+    c2 = env.step(np.array([0]))  # U: back to after U'
+    assert c2[0] == 1  # history full (3): emits the oldest
+    assert env.out_n[0] == 3 and env.out_r[0] == pytest.approx(-(1 + 0.5 + 0.25))
+    assert np.array_equal(env.out_s[0], s0) and env.out_done[0] == 0
+    c3 = env.step(np.array([7]))  # R': solved -> emits the 3 remaining transitions
+    assert c3 == (3, 1) and env.ended[0]
+    np.testing.assert_allclose(env.out_r[:3], [-(1 + 0.5 + 0.25), -(1 + 0.5), -1])
+    assert env.out_n[:3].tolist() == [3, 2, 1] and env.out_done[:3].tolist() == [1, 1, 1]
+    assert all(np.array_equal(env.out_next[k], P2.solved) for k in range(3))
+
+
+def test_truncation_is_not_terminal():
+    env = VecEnv(P2, 1, 12, max_moves=2, gamma=0.9, n_step=1)
+    env.states[0] = P2.solved[P2.moves[6]][P2.moves[0]][P2.moves[8]]
+    env.step(np.array([2]))
+    c, solved = env.step(np.array([2]))
+    assert env.ended[0] and solved == 0 and env.out_done[0] == 0
+
+
+def test_double_vs_vanilla_targets_on_a_hand_made_batch():
+    q_on = np.array([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]])
+    q_t = np.array([[4.0, 0.5, 1.0], [2.0, 7.0, 1.0]])
+    r = np.array([-1.0, -1.0]); d = np.array([0.0, 1.0]); disc = np.array([0.9, 0.9])
+    y = np.zeros(2)
+    sampled_targets(q_on, q_t, r, d, disc, True, y)
+    np.testing.assert_allclose(y, [-1 + 0.9 * 0.5, -1.0])  # argmax online = 1 -> Q_t = 0.5
+    np.testing.assert_allclose(y, ref.double_dqn_targets(r, d, disc, q_on, q_t))
+    sampled_targets(q_on, q_t, r, d, disc, False, y)
+    np.testing.assert_allclose(y, [-1 + 0.9 * 4.0, -1.0])
+    np.testing.assert_allclose(y, ref.dqn_targets(r, d, disc, q_t))
+
+
+def test_all_actions_targets_equal_per_action_ones():
+    rng = np.random.default_rng(0)
+    layout = Layout(144, 24, (32,), 12)
+    moves = np.ascontiguousarray(P2.moves[:12])
+    lr = Learner(layout, moves, 4, targets="all-actions", gamma=0.9)
+    states = np.repeat(P2.solved[None], 4, axis=0)
+    for i in range(4):
+        for a in rng.integers(0, 12, i):  # includes the solved cube and 1-move scrambles
+            states[i] = states[i][P2.moves[a]]
+    kids = np.empty((4, 12, 24), np.uint8)
+    expand_children(states, moves, 12, kids)
+    flat = kids.reshape(48, 24)
+    solved = np.empty(48, np.bool_)
+    solved_batch(flat, solved)
+    q_kids = lr.target.q_values(flat)
+    Y = np.zeros((4, 12))
+    all_action_targets(q_kids, solved, 0.9, Y)
+    for i in range(4):
+        for a in range(12):
+            # the sampled rule for transition (s_i, a, r=-1, child, done=solved(child))
+            y = ref.dqn_targets(np.array([-1.0]), np.array([float(solved[i * 12 + a])]), np.array([0.9]),
+                                q_kids[i * 12 + a][None].astype(np.float64))
+            assert Y[i, a] == pytest.approx(y[0], rel=1e-6)
+
+
+def learner_pair(**kw):
+    layout = Layout(144, 24, (16, 8), 12)
+    moves = np.ascontiguousarray(P2.moves[:12])
+    a = Learner(layout, moves, 8, dtype=np.float64, seed=3, **kw)
+    return layout, a
+
+
+def a_batch(n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    b = Batch(n, 24, np.float64)
+    b.states[:] = rng.integers(0, 6, (n, 24))
+    b.next_states[:] = rng.integers(0, 6, (n, 24))
+    b.actions[:] = rng.integers(0, 12, n)
+    b.rewards[:] = -1
+    b.dones[:] = rng.integers(0, 2, n)
+    b.discounts[:] = 0.99
+    return b
+
+
+@pytest.mark.parametrize("targets", ["double", "dqn", "all-actions"])
+@pytest.mark.parametrize("opt", ["momentum", "adam"])
+def test_accumulated_micro_batches_equal_one_batch(targets, opt):
+    _, one = learner_pair(targets=targets, optimizer=opt, lr=0.01)
+    _, acc = learner_pair(targets=targets, optimizer=opt, lr=0.01, grad_accum=4)
+    for k in range(3):
+        b = a_batch(seed=k)
+        l1 = one.train_step(b)
+        l2 = acc.train_step(b)
+        assert l1 == pytest.approx(l2, rel=1e-12)
+    np.testing.assert_allclose(one.online.params, acc.online.params, rtol=1e-11, atol=1e-13)
+
+
+@pytest.mark.parametrize("opt", ["sgd", "momentum", "adam"])
+def test_lomo_equals_full_step_with_per_layer_clipping(opt):
+    _, full = learner_pair(optimizer=opt, lr=0.05, clip="layer", max_grad_norm=0.05)
+    _, lomo = learner_pair(optimizer=opt, lr=0.05, lomo=True, clip="layer", max_grad_norm=0.05)
+    assert lomo.grads.size == 0  # no stored gradient buffer
+    for k in range(3):
+        b = a_batch(seed=k)
+        full.train_step(b)
+        lomo.train_step(b)
+        assert full.opt.last_norm == pytest.approx(lomo.opt.last_norm, rel=1e-12)
+        assert full.opt.last_norm > 0.05  # the clip was active
+    np.testing.assert_allclose(full.online.params, lomo.online.params, rtol=1e-12, atol=1e-14)
+
+
+def tiny_cfg(**kw):
+    base = dict(hidden=(32,), n_envs=16, batch_size=16, learning_starts=64, buffer_size=2000,
+                steps=40, eval_interval=10, log_interval=10, depth_max=3, target_update_interval=7,
+                curriculum_eval_n=16, seed=5)
+    base.update(kw)
+    return Config(**base)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(prioritized_replay=True, n_step=3, optimizer="momentum"),
+                                dict(targets="all-actions", tau=0.5)])
+def test_resume_is_exact(tmp_path, kw):
+    cfg = tiny_cfg(**kw)
+    straight = Trainer(cfg).run()
+    half = Trainer(cfg).run(max_steps=20)
+    half.save(tmp_path / "run")
+    resumed = Trainer.load(tmp_path / "run").run()
+    assert resumed.grad_steps == straight.grad_steps == 40
+    assert np.array_equal(resumed.learner.online.params, straight.learner.online.params)
+    assert np.array_equal(resumed.learner.target.params, straight.learner.target.params)
+    assert np.array_equal(resumed.learner.opt.m, straight.learner.opt.m)
+    assert resumed.rng.bit_generator.state == straight.rng.bit_generator.state
+
+
+def test_same_seed_same_losses():
+    logs = []
+    for _ in range(2):
+        recs = []
+        Trainer(tiny_cfg()).run(on_log=recs.append)
+        logs.append([r["loss"] for r in recs])
+    assert logs[0] == logs[1] and len(logs[0]) == 4
+
+
+def test_checkpoint_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        Trainer.load(tmp_path / "nope")
+    tr = Trainer(tiny_cfg(steps=5))
+    tr.run()
+    tr.save(tmp_path / "run")
+    (tmp_path / "run" / "model.npz").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_policy(tmp_path / "run")
+    tr.save(tmp_path / "run")
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    cfg["hidden"] = [33]
+    (tmp_path / "run" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="does not match"):
+        load_policy(tmp_path / "run")
+    with pytest.raises(CheckpointError, match="does not match"):
+        Trainer.load(tmp_path / "run")
+
+
+def test_nan_stops_the_run_and_keeps_last_checkpoint(tmp_path):
+    from cubedqn.dqn import TrainingDiverged
+    tr = Trainer(tiny_cfg(steps=10))
+    tr.run()
+    tr.save(tmp_path / "run")
+    before = (tmp_path / "run" / "model.npz").read_bytes()
+    tr.learner.online.params[3] = np.nan
+    with pytest.raises(TrainingDiverged):
+        tr.run(max_steps=30)
+    with pytest.raises(TrainingDiverged):
+        tr.save(tmp_path / "run")
+    assert (tmp_path / "run" / "model.npz").read_bytes() == before
+
+
+def test_short_run_learns_shallow_scrambles():
+    """Plumbing, not the learning goal: depth <= 3 on the 2x2x2 within a few seconds."""
+    from cubedqn.dqn import eval_states
+    from cubedqn.search import greedy_solve
+    cfg = Config(hidden=(128,), targets="all-actions", n_envs=32, batch_size=64, learning_starts=500,
+                 buffer_size=20000, steps=2500, curriculum="fixed", depth_min=1, depth_max=3, max_episode_moves=6,
+                 target_update_interval=100, eval_interval=10 ** 6, log_interval=10 ** 6,
+                 exploration_fraction=0.3, seed=1)
+    tr = Trainer(cfg).run()
+    moves = np.ascontiguousarray(P2.moves[:12])
+    for depth in (1, 2, 3):
+        solved, lengths, _ = greedy_solve(tr.learner.online, eval_states(P2, 12, depth, 200, 99), moves, 10)
+        assert solved.mean() >= 0.9, (depth, solved.mean())
