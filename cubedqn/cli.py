@@ -80,6 +80,7 @@ HELP = {
     "metric": "move set: qtm (12 quarter turns) or htm (18 moves)",
     "hidden": "hidden layer widths, e.g. 256,256",
     "dueling": "dueling Q head", "sparse_input": "sparse one-hot first layer (gather/scatter)",
+    "canonical_input": "2x2x2: canonicalise orientation (fix the DBL corner) before the network",
     "precision": "float32 or float64", "n_envs": "cubes stepped together",
     "max_episode_moves": "moves before an episode is truncated", "gamma": "discount",
     "exploration_initial_eps": "initial epsilon", "exploration_final_eps": "final epsilon",

@@ -36,6 +36,7 @@ class Config:
     hidden: tuple = (256, 256)
     dueling: bool = False
     sparse_input: bool = True
+    canonical_input: bool = True          # 2x2x2: turn each cube to a fixed orientation first
     precision: str = "float32"
     # environments and exploration
     n_envs: int = 64

@@ -30,7 +30,8 @@ import numpy as np
 from . import __version__
 from .checkpoint import CheckpointError, atomic_savez, atomic_write_json, read_json, read_npz
 from .config import Config, ConfigError, validate
-from .cube import METRICS, encode_index, encode_onehot, get_puzzle
+from .cube import METRICS, get_puzzle
+from .encoding import Encoder, Policy, q_to_world
 from .env import VecEnv, select_actions
 from .learner import Learner, PhaseTimer
 from .nn import Layout
@@ -69,8 +70,9 @@ class Trainer:
         dtype = np.float32 if cfg.precision == "float32" else np.float64
         self.rng = np.random.default_rng(cfg.seed)
         n_step = 1 if cfg.targets == "all-actions" else cfg.n_step
+        self.encoder = Encoder(self.puzzle, self.n_actions, cfg.canonical_input, cfg.sparse_input)
         self.learner = Learner(
-            self.layout, self.moves, cfg.batch_size, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
+            self.layout, self.moves, cfg.batch_size, self.encoder, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
             optimizer=cfg.optimizer, seed=cfg.seed, dtype=dtype, sparse=cfg.sparse_input,
             grad_accum=cfg.grad_accum, lomo=cfg.lomo, target_update_interval=cfg.target_update_interval,
             tau=cfg.tau, lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
@@ -82,6 +84,9 @@ class Trainer:
         self.batch = Batch(cfg.batch_size, self.puzzle.n_stickers, dtype)
         self.env = VecEnv(self.puzzle, cfg.n_envs, self.n_actions, cfg.max_episode_moves, cfg.gamma, n_step)
         self.act_ws = self.learner.online.workspace(cfg.n_envs)
+        self.act_rot = np.zeros(cfg.n_envs, np.int64)
+        self.act_q = np.zeros((cfg.n_envs, self.n_actions), self.learner.dtype)
+        self.policy = Policy(self.learner.online, self.encoder)
         self.timer = PhaseTimer()
         self.grad_steps = self.env_steps = self.vec_steps = self.episodes = self.solved_episodes = 0
         self.pending = 0
@@ -112,13 +117,10 @@ class Trainer:
     def env_iteration(self):
         clock, timer, env = time.perf_counter, self.timer, self.env
         t0 = clock()
-        net = self.learner.online
-        if net.sparse:
-            encode_index(env.states, self.act_ws.idx)
-        else:
-            encode_onehot(env.states, self.act_ws.x)
-        q = net.forward_ws(self.act_ws, env.n)
-        select_actions(q, self.epsilon(), self.rng, env.actions)
+        self.encoder.encode(env.states, self.act_ws, 0, self.act_rot)
+        qc = self.learner.online.forward_ws(self.act_ws, env.n)
+        q_to_world(qc, self.act_rot, self.encoder.act_map, self.act_q)
+        select_actions(self.act_q, self.epsilon(), self.rng, env.actions)
         t1 = clock()
         count, solved = env.step(env.actions)
         if env.ended.any():
@@ -158,7 +160,7 @@ class Trainer:
         key = self.depth
         if key not in self._eval_cache:
             self._eval_cache[key] = eval_states(self.puzzle, self.n_actions, key, c.curriculum_eval_n, c.seed)
-        solved, _, _ = greedy_solve(self.learner.online, self._eval_cache[key], self.moves,
+        solved, _, _ = greedy_solve(self.policy, self._eval_cache[key], self.moves,
                                     min(c.max_episode_moves, 2 * key + 2))
         self.last_solve_rate = float(solved.mean())
         if c.curriculum == "adaptive" and self.last_solve_rate >= c.curriculum_threshold \
@@ -289,7 +291,7 @@ def load_config(run_dir) -> Config:
 
 
 def load_policy(run_dir):
-    """(config, online MLP) from a run directory, for eval and solve; no optimizer or replay."""
+    """(config, Policy) from a run directory, for eval and solve; no optimizer or replay."""
     from .nn import MLP
     cfg = load_config(run_dir)
     layout = make_layout(cfg)
@@ -303,4 +305,5 @@ def load_policy(run_dir):
               sparse=cfg.sparse_input)
     if not all_finite(net.params):
         raise CheckpointError(f"{run_dir}/model.npz holds NaN/Inf parameters")
-    return cfg, net
+    puzzle = get_puzzle(cfg.puzzle)
+    return cfg, Policy(net, Encoder(puzzle, METRICS[cfg.metric], cfg.canonical_input, cfg.sparse_input))

@@ -25,7 +25,8 @@ import time
 import numpy as np
 from numba import njit
 
-from .cube import encode_index, encode_onehot, expand_children, solved_batch
+from .cube import expand_children, solved_batch
+from .encoding import Encoder, actions_to_canonical, rows_to_canonical
 from .nn import (LOSSES, MLP, Layout, dense_backward, dueling_backward, loss_full, loss_taken,
                  mlp_backward, mlp_forward, sparse_backward, views)
 from .optim import Optimizer, add_into, polyak_update
@@ -86,7 +87,7 @@ def all_action_targets(q_children, child_solved, gamma, out):
 
 
 class Learner:
-    def __init__(self, layout: Layout, moves: np.ndarray, batch_size: int, targets="double",
+    def __init__(self, layout: Layout, moves: np.ndarray, batch_size: int, encoder: Encoder, targets="double",
                  gamma=0.99, loss="huber", optimizer="adam", seed=0, dtype=np.float32,
                  sparse=True, grad_accum=1, lomo=False, target_update_interval=1000, tau=1.0,
                  **opt_kwargs):
@@ -98,7 +99,7 @@ class Learner:
             raise ValueError("lomo cannot be combined with grad_accum > 1 (there is no gradient to accumulate)")
         if lomo and opt_kwargs.get("clip", "global") == "global":
             opt_kwargs["clip"] = "layer"  # the documented LOMO clipping rule
-        self.layout, self.moves, self.targets = layout, moves, targets
+        self.layout, self.moves, self.targets, self.encoder = layout, moves, targets, encoder
         self.batch_size, self.gamma, self.loss_kind = batch_size, gamma, LOSSES[loss]
         self.dtype = np.dtype(dtype)
         self.grad_accum, self.lomo = grad_accum, lomo
@@ -126,17 +127,13 @@ class Learner:
         self.children = np.zeros((micro, self.n_actions, layout.n_stickers), np.uint8)
         self.child_solved = np.zeros(micro * self.n_actions, np.bool_)
         self.ones = np.ones(batch_size, self.dtype)
+        self.rot = np.zeros(micro, np.int64)            # rotation of each sampled state
+        self.rot_scratch = np.zeros(target_rows, np.int64)
+        self.actions_c = np.zeros(micro, np.int64)      # taken actions in the canonical frame
+        self.Yc = np.zeros((micro, self.n_actions), self.dtype)
         self.updates = 0
         self.last_loss = 0.0
         self.last_mean_q = 0.0
-
-    # -- input encoding -------------------------------------------------------------------
-    def _encode(self, net, ws, states, row0):
-        k = len(states)
-        if net.sparse:
-            encode_index(states, ws.idx[row0:row0 + k])
-        else:
-            encode_onehot(states, ws.x[row0:row0 + k])
 
     # -- one gradient step ----------------------------------------------------------------
     def train_step(self, batch, timer: PhaseTimer | None = None, use_weights=False):
@@ -179,33 +176,41 @@ class Learner:
         return loss
 
     def _forward_loss(self, batch, sl, weights, scale):
+        """Targets and loss for rows sl of the batch; leaves dLoss/dhead in ws.deltas[-1].
+
+        The online net sees canonical states (see encoding.py); world-frame actions and
+        per-action targets are relabelled into that frame, values need no relabelling.
+        """
         m = self.micro
-        on, tg, ws, wt = self.online, self.target, self.ws, self.ws_t
+        on, tg, ws, wt, enc = self.online, self.target, self.ws, self.ws_t, self.encoder
         states = batch.states[sl]
-        self._encode(on, ws, states, 0)
+        enc.encode(states, ws, 0, self.rot)
         if self.targets == "all-actions":
             expand_children(states, self.moves, self.n_actions, self.children)
             kids = self.children.reshape(m * self.n_actions, -1)
             solved_batch(kids, self.child_solved)
-            self._encode(tg, wt, kids, 0)
+            enc.encode(kids, wt, 0, self.rot_scratch)
             q_kids = tg.forward_ws(wt, m * self.n_actions)
             all_action_targets(q_kids, self.child_solved, self.gamma, self.Y)
+            rows_to_canonical(self.Y, self.rot, enc.act_map, self.Yc)
             q = on.forward_ws(ws, m)
-            loss = loss_full(q, self.Y, weights, scale, self.loss_kind, ws.dq, self.td[sl], m)
+            loss = loss_full(q, self.Yc, weights, scale, self.loss_kind, ws.dq, self.td[sl], m)
         else:
             nxt = batch.next_states[sl]
-            self._encode(tg, wt, nxt, 0)
+            enc.encode(nxt, wt, 0, self.rot_scratch[:m])
             q_next_t = tg.forward_ws(wt, m)
             if self.targets == "double":
-                self._encode(on, ws, nxt, m)
+                enc.encode(nxt, ws, m, self.rot_scratch[:m])
                 q_all = on.forward_ws(ws, 2 * m)
                 q, q_next_on = q_all[:m], q_all[m:]
             else:
                 q = on.forward_ws(ws, m)
                 q_next_on = q_next_t
+            # argmax/max over actions is frame independent: no relabelling of q_next_*
             sampled_targets(q_next_on, q_next_t, batch.rewards[sl], batch.dones[sl], batch.discounts[sl],
                             self.targets == "double", self.y)
-            loss = loss_taken(q, batch.actions[sl], self.y, weights, scale, self.loss_kind, ws.dq,
+            actions_to_canonical(batch.actions[sl], self.rot, enc.act_map, self.actions_c)
+            loss = loss_taken(q, self.actions_c, self.y, weights, scale, self.loss_kind, ws.dq,
                               self.td[sl], m)
         self.last_mean_q = float(ws.q[:m].mean()) if m else 0.0
         if self.layout.dueling:

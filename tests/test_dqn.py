@@ -11,6 +11,7 @@ from cubedqn.config import Config
 from cubedqn.cube import expand_children, get_puzzle, solved_batch
 from cubedqn.dqn import Trainer, load_policy
 from cubedqn.env import VecEnv
+from cubedqn.encoding import Encoder
 from cubedqn.learner import Learner, all_action_targets, sampled_targets
 from cubedqn.nn import Layout
 from cubedqn.replay import Batch, ReplayBuffer, tree_find, tree_set
@@ -144,7 +145,7 @@ def test_all_actions_targets_equal_per_action_ones():
     rng = np.random.default_rng(0)
     layout = Layout(144, 24, (32,), 12)
     moves = np.ascontiguousarray(P2.moves[:12])
-    lr = Learner(layout, moves, 4, targets="all-actions", gamma=0.9)
+    lr = Learner(layout, moves, 4, Encoder(P2, 12, canonical=False), targets="all-actions", gamma=0.9)
     states = np.repeat(P2.solved[None], 4, axis=0)
     for i in range(4):
         for a in rng.integers(0, 12, i):  # includes the solved cube and 1-move scrambles
@@ -168,7 +169,7 @@ def test_all_actions_targets_equal_per_action_ones():
 def learner_pair(**kw):
     layout = Layout(144, 24, (16, 8), 12)
     moves = np.ascontiguousarray(P2.moves[:12])
-    a = Learner(layout, moves, 8, dtype=np.float64, seed=3, **kw)
+    a = Learner(layout, moves, 8, Encoder(P2, 12, canonical=True), dtype=np.float64, seed=3, **kw)
     return layout, a
 
 
@@ -287,5 +288,5 @@ def test_short_run_learns_shallow_scrambles():
     tr = Trainer(cfg).run()
     moves = np.ascontiguousarray(P2.moves[:12])
     for depth in (1, 2, 3):
-        solved, lengths, _ = greedy_solve(tr.learner.online, eval_states(P2, 12, depth, 200, 99), moves, 10)
+        solved, lengths, _ = greedy_solve(tr.policy, eval_states(P2, 12, depth, 200, 99), moves, 10)
         assert solved.mean() >= 0.9, (depth, solved.mean())
