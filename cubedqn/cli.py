@@ -410,8 +410,8 @@ def scramble(puzzle, depth, seed, moves, metric, as_json):
             raise UserError(f"--depth must be >= 0, got {depth}")
         st = p.solved[None].copy()
         rec = np.empty((1, max(depth, 1)), np.int8)
-        scramble_into(st, np.array([depth]), np.ascontiguousarray(p.moves), n_actions,
-                      np.random.default_rng(seed), True, rec)
+        from .rng import make_rng
+        scramble_into(st, np.array([depth]), np.ascontiguousarray(p.moves), n_actions, make_rng(seed), True, rec)
         actions = [int(a) for a in rec[0, :depth]]
     state = p.solved.copy()
     for a in actions:

@@ -28,6 +28,8 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
+from .rng import below
+
 FACES = "URFDLB"
 MOVE_NAMES = ("U", "U'", "D", "D'", "L", "L'", "R", "R'", "F", "F'", "B", "B'",
               "U2", "D2", "L2", "R2", "F2", "B2")
@@ -440,7 +442,7 @@ def inverse_of(a):
 
 @njit(cache=True)
 def scramble_into(states, depths, moves, n_actions, rng, no_undo, record):
-    """Apply depths[i] random actions to states[i] in place (rng: a np.random.Generator).
+    """Apply depths[i] random actions to states[i] in place (rng: a cubedqn.rng state).
 
     With no_undo, an action never undoes the one before it. record (N, K) int8 receives
     the actions taken (K >= max depth, or K == 0 to record nothing); unused slots are -1.
@@ -454,7 +456,7 @@ def scramble_into(states, depths, moves, n_actions, rng, no_undo, record):
         prev = -1
         for t in range(depths[i]):
             while True:
-                a = rng.integers(0, n_actions)
+                a = below(rng, n_actions)
                 if not no_undo or prev < 0 or a != inverse_of(prev):
                     break
             perm = moves[a]

@@ -37,6 +37,7 @@ from .learner import Learner, PhaseTimer
 from .nn import Layout
 from .optim import all_finite
 from .replay import Batch, ReplayBuffer
+from .rng import make_rng, rng_from_list, rng_to_list
 from .search import greedy_solve
 
 
@@ -53,7 +54,7 @@ def make_layout(cfg: Config) -> Layout:
 def eval_states(puzzle, n_actions, depth, n, seed):
     """A fixed evaluation batch at one scramble depth (independent of the training RNG)."""
     from .cube import scramble_into
-    rng = np.random.default_rng([seed, depth, 7919])
+    rng = make_rng(seed * 1_000_003 + depth * 7919)
     states = np.repeat(puzzle.solved[None], n, axis=0)
     scramble_into(states, np.full(n, depth), np.ascontiguousarray(puzzle.moves), n_actions, rng, True,
                   np.empty((n, 0), np.int8))
@@ -68,7 +69,7 @@ class Trainer:
         self.moves = np.ascontiguousarray(self.puzzle.moves[:self.n_actions])
         self.layout = make_layout(cfg)
         dtype = np.float32 if cfg.precision == "float32" else np.float64
-        self.rng = np.random.default_rng(cfg.seed)
+        self.rng = make_rng(cfg.seed)  # one stream for envs, exploration and replay
         n_step = 1 if cfg.targets == "all-actions" else cfg.n_step
         self.encoder = Encoder(self.puzzle, self.n_actions, cfg.canonical_input, cfg.sparse_input)
         self.learner = Learner(
@@ -128,7 +129,7 @@ class Trainer:
             self.solved_episodes += solved
             env.reset(env.ended, *self.depth_range(), self.rng)
         t2 = clock()
-        self.replay.add(env.out_s, env.out_a, env.out_r, env.out_next, env.out_done, env.out_n, count)
+        self.replay.add(env.out, count)
         t3 = clock()
         timer.add("act", t1 - t0)
         timer.add("env", t2 - t1)
@@ -233,7 +234,7 @@ class Trainer:
             "episodes": self.episodes, "solved_episodes": self.solved_episodes, "pending": self.pending,
             "depth": self.depth, "last_solve_rate": self.last_solve_rate,
             "optimizer_t": self.learner.opt.t, "updates": self.learner.updates,
-            "rng": self.rng.bit_generator.state, "has_replay": bool(self.cfg.save_replay),
+            "rng": rng_to_list(self.rng), "has_replay": bool(self.cfg.save_replay),
         }
 
     def save(self, run_dir):
@@ -274,7 +275,7 @@ class Trainer:
                 setattr(tr, k, int(state[k]))
             tr.last_solve_rate = state["last_solve_rate"]
             tr.learner.updates = int(state["updates"])
-            tr.rng.bit_generator.state = state["rng"]
+            tr.rng[:] = rng_from_list(state["rng"])
         except (KeyError, ValueError, TypeError) as e:
             raise CheckpointError(f"{run_dir}: checkpoint is corrupt or mismatched ({e})") from None
         return tr

@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit
 
 from .cube import scramble_into
+from .rng import below, uniform
 
 
 @njit(cache=True)
@@ -41,7 +42,7 @@ def reset_envs(states, mask, solved_state, depth_lo, depth_hi, moves, n_actions,
             continue
         while True:
             one[0] = solved_state
-            depth[0] = rng.integers(depth_lo, depth_hi + 1)
+            depth[0] = depth_lo + below(rng, depth_hi - depth_lo + 1)
             scramble_into(one, depth, moves, n_actions, rng, True, rec)
             if not _solved(one[0]):
                 break
@@ -55,8 +56,8 @@ def select_actions(q, eps, rng, out):
     """epsilon-greedy over the rows of q (N, A)."""
     n, a_n = q.shape
     for i in range(n):
-        if rng.random() < eps:
-            out[i] = rng.integers(0, a_n)
+        if uniform(rng) < eps:
+            out[i] = below(rng, a_n)
         else:
             best = 0
             for a in range(1, a_n):
@@ -67,8 +68,11 @@ def select_actions(q, eps, rng, out):
 
 @njit(cache=True)
 def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a, hist_len,
-              out_s, out_a, out_r, out_next, out_done, out_n, ended):
-    """Step every env; emit finished n-step transitions into out_*; mark ended envs.
+              out, reward_f32, ended):
+    """Step every env; emit finished n-step transitions as replay records into out; mark ended envs.
+
+    out (M, 2S+8) uint8 records (see replay.RecordLayout); reward_f32 (M,) is the float32
+    view of their reward field.
 
     Returns (transitions emitted, episodes solved). Ended envs still hold their final state:
     reset them with reset_envs(mask=ended).
@@ -102,12 +106,14 @@ def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a
                 for _ in range(e, m):
                     ret += -1.0 * g
                     g *= gamma
-                out_s[count] = hist_s[i, e]
-                out_a[count] = hist_a[i, e]
-                out_r[count] = ret
-                out_next[count] = states[i]
-                out_done[count] = 1 if solved else 0
-                out_n[count] = m - e
+                rec = out[count]
+                for j in range(s):
+                    rec[j] = hist_s[i, e, j]
+                    rec[s + j] = states[i, j]
+                rec[2 * s] = hist_a[i, e]
+                rec[2 * s + 1] = 1 if solved else 0
+                rec[2 * s + 2] = m - e
+                reward_f32[count] = ret
                 count += 1
             if ended[i]:
                 hist_len[i] = 0
@@ -131,13 +137,11 @@ class VecEnv:
         self.hist_s = np.zeros((n_envs, n_step, s), np.uint8)
         self.hist_a = np.zeros((n_envs, n_step), np.int64)
         self.hist_len = np.zeros(n_envs, np.int64)
-        cap = n_envs * n_step
-        self.out_s = np.zeros((cap, s), np.uint8)
-        self.out_next = np.zeros((cap, s), np.uint8)
-        self.out_a = np.zeros(cap, np.uint8)
-        self.out_r = np.zeros(cap, np.float32)
-        self.out_done = np.zeros(cap, np.uint8)
-        self.out_n = np.zeros(cap, np.uint8)
+        from .replay import RecordLayout
+        self.record_layout = RecordLayout(s)
+        self.out = np.zeros((n_envs * n_step, self.record_layout.width), np.uint8)
+        (self.out_s, self.out_next, self.out_a, self.out_done, self.out_n,
+         self.out_r) = self.record_layout.views(self.out)
         self.ended = np.zeros(n_envs, np.bool_)
         self.actions = np.zeros(n_envs, np.int64)
         self._moves = np.ascontiguousarray(puzzle.moves)
@@ -148,8 +152,7 @@ class VecEnv:
 
     def step(self, actions):
         return step_envs(self.states, actions, self._moves, self.ep_steps, self.max_moves, self.gamma,
-                         self.hist_s, self.hist_a, self.hist_len, self.out_s, self.out_a, self.out_r,
-                         self.out_next, self.out_done, self.out_n, self.ended)
+                         self.hist_s, self.hist_a, self.hist_len, self.out, self.out_r, self.ended)
 
     ARRAYS = ("states", "ep_steps", "hist_s", "hist_a", "hist_len")
 

@@ -1,11 +1,16 @@
 """Replay: a ring buffer of compact cube transitions, uniform or prioritized sampling.
 
-What this file is: storage of (state, action, n-step return, next state, done, n) with
-states as uint8 stickers (55 bytes per 2x2x2 transition, never float one-hot); a batch
-add and a batch sample, each one Numba call; a proportional sum-tree (Schaul et al. 2016)
-for prioritized replay with importance weights; save/load to .npz without pickle.
+What this file is: transitions stored as fixed-width uint8 records, one row each:
 
-Randomness comes from a np.random.Generator passed in, so a run is reproducible and its
+    [state: S bytes][next state: S bytes][action][done][n][pad][reward: float32]
+
+(56 bytes per 2x2x2 transition, never float one-hot). The environment kernel writes
+records directly, so adding a batch is one contiguous copy (two at the wrap-around), and
+sampling is one Numba call that draws indices and gathers rows. A proportional sum-tree
+(Schaul et al. 2016) gives prioritized replay with importance weights. Save/load to .npz
+without pickle.
+
+Randomness comes from a cubedqn.rng state passed in, so a run is reproducible and its
 state can be checkpointed.
 """
 
@@ -14,38 +19,44 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .rng import below, uniform
+
+
+class RecordLayout:
+    """Byte offsets of the fields of one transition record."""
+
+    def __init__(self, n_stickers: int):
+        s = n_stickers
+        self.n_stickers = s
+        self.state, self.next_state = 0, s
+        self.action, self.done, self.nsteps = 2 * s, 2 * s + 1, 2 * s + 2
+        self.reward = 2 * s + 4
+        self.width = 2 * s + 8
+        assert self.reward % 4 == 0 and self.width % 4 == 0  # float32-aligned reward
+
+    def views(self, rec: np.ndarray):
+        """(states, next_states, actions, dones, nsteps, rewards) views of a record matrix."""
+        s = self.n_stickers
+        rewards = rec[:, self.reward:self.reward + 4].view(np.float32)[:, 0]
+        return (rec[:, :s], rec[:, s:2 * s], rec[:, self.action], rec[:, self.done], rec[:, self.nsteps], rewards)
+
 
 @njit(cache=True)
-def _ring_add(states, actions, rewards, next_states, dones, nsteps,
-              b_states, b_actions, b_rewards, b_next, b_dones, b_nsteps, pos, count):
-    cap = b_states.shape[0]
-    for i in range(count):
-        j = (pos + i) % cap
-        b_states[j] = states[i]
-        b_next[j] = next_states[i]
-        b_actions[j] = actions[i]
-        b_rewards[j] = rewards[i]
-        b_dones[j] = dones[i]
-        b_nsteps[j] = nsteps[i]
-
-
-@njit(cache=True)
-def _gather(idx, b_states, b_actions, b_rewards, b_next, b_dones, b_nsteps, gamma,
-            o_states, o_actions, o_rewards, o_next, o_dones, o_discounts):
+def _gather(idx, buf, out, nsteps_col, gamma, discounts):
+    w = buf.shape[1]
     for k in range(idx.shape[0]):
-        j = idx[k]
-        o_states[k] = b_states[j]
-        o_next[k] = b_next[j]
-        o_actions[k] = b_actions[j]
-        o_rewards[k] = b_rewards[j]
-        o_dones[k] = b_dones[j]
-        o_discounts[k] = gamma ** b_nsteps[j]
+        src = buf[idx[k]]
+        dst = out[k]
+        for j in range(w):
+            dst[j] = src[j]
+        discounts[k] = gamma ** src[nsteps_col]
 
 
 @njit(cache=True)
-def _uniform_indices(rng, size, out):
-    for k in range(out.shape[0]):
-        out[k] = rng.integers(0, size)
+def _sample_uniform(rng, size, buf, idx, out, nsteps_col, gamma, discounts):
+    for k in range(idx.shape[0]):
+        idx[k] = below(rng, size)
+    _gather(idx, buf, out, nsteps_col, gamma, discounts)
 
 
 # -- sum-tree: tree[1] is the root, leaves at tree[cap2 + i] ------------------------------
@@ -82,7 +93,7 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights):
     seg = total / n
     wmax = 0.0
     for k in range(n):
-        m = (k + rng.random()) * seg
+        m = (k + uniform(rng)) * seg
         i = tree_find(tree, cap2, m)
         if i >= size:
             i = size - 1
@@ -98,35 +109,30 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights):
 
 
 class Batch:
-    """Preallocated sample arrays (reused every step)."""
+    """Preallocated sample arrays (reused every step); field views into one record matrix."""
 
     def __init__(self, n, n_stickers, dtype):
-        self.states = np.zeros((n, n_stickers), np.uint8)
-        self.next_states = np.zeros((n, n_stickers), np.uint8)
-        self.actions = np.zeros(n, np.int64)
-        self.rewards = np.zeros(n, dtype)
-        self.dones = np.zeros(n, dtype)
+        self.layout = RecordLayout(n_stickers)
+        self.records = np.zeros((n, self.layout.width), np.uint8)
+        (self.states, self.next_states, self.actions, self.dones, self.nsteps,
+         self.rewards) = self.layout.views(self.records)
         self.discounts = np.zeros(n, dtype)
         self.weights = np.ones(n, dtype)
         self.indices = np.zeros(n, np.int64)
 
 
 class ReplayBuffer:
-    """Ring buffer of compact transitions; optional proportional prioritization."""
-
-    FIELDS = ("states", "actions", "rewards", "next_states", "dones", "nsteps")
+    """Ring buffer of transition records; optional proportional prioritization."""
 
     def __init__(self, capacity: int, n_stickers: int, gamma: float, prioritized=False,
                  alpha=0.6, eps=1e-3):
         if capacity <= 0:
             raise ValueError("buffer_size must be positive")
         self.capacity, self.n_stickers, self.gamma = capacity, n_stickers, gamma
-        self.states = np.zeros((capacity, n_stickers), np.uint8)
-        self.next_states = np.zeros((capacity, n_stickers), np.uint8)
-        self.actions = np.zeros(capacity, np.uint8)
-        self.rewards = np.zeros(capacity, np.float32)
-        self.dones = np.zeros(capacity, np.uint8)
-        self.nsteps = np.zeros(capacity, np.uint8)
+        self.layout = RecordLayout(n_stickers)
+        self.records = np.zeros((capacity, self.layout.width), np.uint8)
+        (self.states, self.next_states, self.actions, self.dones, self.nsteps,
+         self.rewards) = self.layout.views(self.records)
         self.pos = 0
         self.size = 0
         self.prioritized, self.alpha, self.eps = prioritized, alpha, eps
@@ -137,21 +143,23 @@ class ReplayBuffer:
 
     @property
     def nbytes_per_transition(self):
-        return sum(getattr(self, f)[0:1].nbytes for f in self.FIELDS)
+        return self.layout.width
 
     @property
     def nbytes(self):
-        return sum(getattr(self, f).nbytes for f in self.FIELDS) + self.tree.nbytes
+        return self.records.nbytes + self.tree.nbytes
 
-    def add(self, states, actions, rewards, next_states, dones, nsteps, count=None):
-        """Add the first `count` rows of the given arrays (one Numba call, wraps around)."""
-        count = len(actions) if count is None else count
+    def add(self, records: np.ndarray, count=None):
+        """Append the first `count` rows of a record matrix (one or two contiguous copies)."""
+        count = len(records) if count is None else count
         if count == 0:
             return
         if count > self.capacity:
             raise ValueError("cannot add more transitions at once than the buffer holds")
-        _ring_add(states, actions, rewards, next_states, dones, nsteps, self.states, self.actions,
-                  self.rewards, self.next_states, self.dones, self.nsteps, self.pos, count)
+        first = min(count, self.capacity - self.pos)
+        self.records[self.pos:self.pos + first] = records[:first]
+        if first < count:
+            self.records[:count - first] = records[first:count]
         if self.prioritized:
             if self._new_idx.shape[0] < count:
                 self._new_idx = np.zeros(count, np.int64)
@@ -163,16 +171,16 @@ class ReplayBuffer:
         self.pos = (self.pos + count) % self.capacity
         self.size = min(self.size + count, self.capacity)
 
-    def sample(self, rng: np.random.Generator, batch: Batch, beta: float = 0.4):
+    def sample(self, rng: np.ndarray, batch: Batch, beta: float = 0.4):
         if self.size == 0:
             raise ValueError("cannot sample from an empty replay buffer")
+        gamma = batch.discounts.dtype.type(self.gamma)
         if self.prioritized:
             _prioritized_indices(rng, self.tree, self.cap2, self.size, beta, batch.indices, batch.weights)
+            _gather(batch.indices, self.records, batch.records, self.layout.nsteps, gamma, batch.discounts)
         else:
-            _uniform_indices(rng, self.size, batch.indices)
-        _gather(batch.indices, self.states, self.actions, self.rewards, self.next_states, self.dones,
-                self.nsteps, batch.discounts.dtype.type(self.gamma), batch.states, batch.actions,
-                batch.rewards, batch.next_states, batch.dones, batch.discounts)
+            _sample_uniform(rng, self.size, self.records, batch.indices, batch.records, self.layout.nsteps,
+                            gamma, batch.discounts)
         return batch
 
     def update_priorities(self, indices, td_errors):
@@ -183,8 +191,8 @@ class ReplayBuffer:
 
     # -- persistence --------------------------------------------------------------------
     def arrays(self):
-        out = {f"replay_{f}": getattr(self, f)[:self.size] for f in self.FIELDS}
-        out["replay_meta"] = np.array([self.pos, self.size, self.capacity], np.int64)
+        out = {"replay_records": self.records[:self.size],
+               "replay_meta": np.array([self.pos, self.size, self.capacity], np.int64)}
         if self.prioritized:
             out["replay_tree"] = self.tree
             out["replay_max_priority"] = np.array([self.max_priority])
@@ -194,11 +202,10 @@ class ReplayBuffer:
         pos, size, cap = (int(v) for v in data["replay_meta"])
         if cap != self.capacity:
             raise ValueError(f"saved replay buffer holds {cap} transitions, config says {self.capacity}")
-        for f in self.FIELDS:
-            src = data[f"replay_{f}"]
-            if src.shape[1:] != getattr(self, f).shape[1:] or len(src) != size:
-                raise ValueError(f"saved replay field '{f}' has shape {src.shape}")
-            getattr(self, f)[:size] = src
+        src = data["replay_records"]
+        if src.shape != (size, self.layout.width):
+            raise ValueError(f"saved replay records have shape {src.shape}")
+        self.records[:size] = src
         self.pos, self.size = pos, size
         if self.prioritized:
             if "replay_tree" not in data:

@@ -9,6 +9,7 @@ from cubedqn.cube import (FACES, MOVE_NAMES, CubeError, apply_actions, apply_mov
                           invert_moves, is_solved, parse_moves, scramble_into, solved_batch,
                           to_facelets)
 from cubedqn.oracle import PUBLISHED_COUNTS, decode_states, load_oracle
+from cubedqn.rng import make_rng
 
 PUZZLES = ["cube2", "cube3"]
 SOLVED3 = "UUUUUUUUURRRRRRRRRFFFFFFFFFDDDDDDDDDLLLLLLLLLBBBBBBBBB"
@@ -104,7 +105,7 @@ def test_scramble_kernel_is_seeded_and_never_undoes():
     for _ in range(2):
         st_ = np.repeat(p.solved[None], 50, axis=0)
         rec = np.empty((50, 25), np.int8)
-        scramble_into(st_, np.full(50, 25), p.moves, 12, np.random.default_rng(4), True, rec)
+        scramble_into(st_, np.full(50, 25), p.moves, 12, make_rng(4), True, rec)
         runs.append((st_, rec))
     assert np.array_equal(runs[0][0], runs[1][0])
     rec = runs[0][1]

@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""Time one Double-DQN training step in cubedqn, plain numpy and (if installed) PyTorch
+eager and JAX jit, at the same shapes, one thread, alternating repetitions.
+
+The step: online forward on s, online forward on s' (argmax), target forward on s',
+Huber loss on the taken actions, backward, global-norm clipping (max 10), momentum
+update (0.9). cubedqn uses its sparse first layer (sticker indices); the peers get the
+dense one-hot float input they would use. A "cubedqn dense" row runs the engine with the
+dense first layer too. Prints medians, ratios to cubedqn, and the BLAS kernel in use.
+
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_peers.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from cubedqn.cube import get_puzzle  # noqa: E402
+from cubedqn.encoding import Encoder  # noqa: E402
+from cubedqn.learner import Learner  # noqa: E402
+from cubedqn.nn import Layout, init_params, views  # noqa: E402
+from cubedqn.replay import Batch  # noqa: E402
+
+SHAPES = {"cube2": ("cube2", (256, 256), 64), "cube3": ("cube3", (1024, 512), 256)}
+GAMMA, LR, MU, CLIP = 0.99, 1e-3, 0.9, 10.0
+
+
+def make_data(puzzle, batch, seed=0):
+    rng = np.random.default_rng(seed)
+    b = Batch(batch, puzzle.n_stickers, np.float32)
+    b.states[:] = rng.integers(0, 6, b.states.shape)
+    b.next_states[:] = rng.integers(0, 6, b.states.shape)
+    b.actions[:] = rng.integers(0, 12, batch)
+    b.rewards[:] = -1
+    b.dones[:] = rng.random(batch) < 0.1
+    b.discounts[:] = GAMMA
+    return b
+
+
+def onehot(states):
+    n, s = states.shape
+    x = np.zeros((n, s * 6), np.float32)
+    x[np.arange(n)[:, None], 6 * np.arange(s)[None, :] + states] = 1
+    return x
+
+
+# ---------------------------------------------------------------------------------------
+def cubedqn_step(layout, puzzle, batch, sparse=True):
+    moves = np.ascontiguousarray(puzzle.moves[:12])
+    enc = Encoder(puzzle, 12, canonical=False, sparse=sparse)
+    lr = Learner(layout, moves, len(batch.actions), enc, targets="double", gamma=GAMMA, optimizer="momentum",
+                 lr=LR, momentum=MU, max_grad_norm=CLIP, sparse=sparse, target_update_interval=10 ** 9)
+    return lambda: lr.train_step(batch)
+
+
+def numpy_step(layout, puzzle, batch):
+    """The straightforward numpy version: dense one-hot input, no fusion, fresh arrays."""
+    p = init_params(layout, np.random.default_rng(0))
+    tgt = p.copy()
+    buf = np.zeros_like(p)
+    x, xn = onehot(batch.states), onehot(batch.next_states)
+    a, r, d = batch.actions, batch.rewards, batch.dones
+    n = len(a)
+
+    def fwd(flat, inp):
+        Ws, bs = views(flat, layout)
+        acts = [inp]
+        for l in range(len(Ws)):
+            h = acts[-1] @ Ws[l] + bs[l]
+            if l < len(Ws) - 1:
+                h = np.maximum(h, 0)
+            acts.append(h)
+        return acts
+
+    def step():
+        acts = fwd(p, x)
+        q = acts[-1]
+        a_star = fwd(p, xn)[-1].argmax(1)
+        qt = fwd(tgt, xn)[-1][np.arange(n), a_star]
+        y = r + GAMMA * (1 - d) * qt
+        delta = q[np.arange(n), a] - y
+        dq = np.zeros_like(q)
+        dq[np.arange(n), a] = np.clip(delta, -1, 1) / n
+        Ws, _ = views(p, layout)
+        grads = []
+        dcur = dq
+        for l in range(len(Ws) - 1, -1, -1):
+            grads.append((acts[l].T @ dcur, dcur.sum(0)))
+            if l:
+                dcur = (dcur @ Ws[l].T) * (acts[l] > 0)
+        g = np.concatenate([np.concatenate([gw.ravel(), gb]) for gw, gb in reversed(grads)])
+        norm = np.sqrt((g * g).sum())
+        if norm > CLIP:
+            g *= CLIP / norm
+        buf[:] = MU * buf + g
+        p[:] = p - LR * buf
+
+    return step
+
+
+def torch_step(layout, puzzle, batch):
+    import torch
+    torch.set_num_threads(1)
+    dims = layout.widths
+
+    def mlp():
+        mods = []
+        for l in range(len(dims) - 1):
+            mods.append(torch.nn.Linear(dims[l], dims[l + 1]))
+            if l < len(dims) - 2:
+                mods.append(torch.nn.ReLU())
+        return torch.nn.Sequential(*mods)
+
+    online, target = mlp(), mlp()
+    target.load_state_dict(online.state_dict())
+    opt = torch.optim.SGD(online.parameters(), lr=LR, momentum=MU)
+    x, xn = torch.tensor(onehot(batch.states)), torch.tensor(onehot(batch.next_states))
+    a = torch.tensor(batch.actions)
+    r, d = torch.tensor(batch.rewards), torch.tensor(batch.dones)
+
+    def step():
+        q = online(x).gather(1, a[:, None])[:, 0]
+        with torch.no_grad():
+            a_star = online(xn).argmax(1, keepdim=True)
+            y = r + GAMMA * (1 - d) * target(xn).gather(1, a_star)[:, 0]
+        loss = torch.nn.functional.smooth_l1_loss(q, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(online.parameters(), CLIP)
+        opt.step()
+
+    return step
+
+
+def jax_step(layout, puzzle, batch):
+    import jax
+    import jax.numpy as jnp
+    rng = np.random.default_rng(0)
+    flat = init_params(layout, rng)
+    Ws, bs = views(flat, layout)
+    params = [(jnp.asarray(W), jnp.asarray(b)) for W, b in zip(Ws, bs)]
+    target = [(w + 0, b + 0) for w, b in params]
+    mom = [(jnp.zeros_like(w), jnp.zeros_like(b)) for w, b in params]
+    x, xn = jnp.asarray(onehot(batch.states)), jnp.asarray(onehot(batch.next_states))
+    a, r, d = jnp.asarray(batch.actions), jnp.asarray(batch.rewards), jnp.asarray(batch.dones)
+
+    def fwd(ps, inp):
+        h = inp
+        for l, (w, b) in enumerate(ps):
+            h = h @ w + b
+            if l < len(ps) - 1:
+                h = jax.nn.relu(h)
+        return h
+
+    def loss_fn(ps, tgt):
+        q = jnp.take_along_axis(fwd(ps, x), a[:, None], 1)[:, 0]
+        a_star = jnp.argmax(fwd(jax.lax.stop_gradient(ps), xn), 1)
+        qt = jnp.take_along_axis(fwd(tgt, xn), a_star[:, None], 1)[:, 0]
+        y = jax.lax.stop_gradient(r + GAMMA * (1 - d) * qt)
+        delta = q - y
+        ad = jnp.abs(delta)
+        return jnp.mean(jnp.where(ad <= 1, 0.5 * delta * delta, ad - 0.5))
+
+    @jax.jit
+    def step_fn(ps, tgt, m):
+        g = jax.grad(loss_fn)(ps, tgt)
+        norm = jnp.sqrt(sum(jnp.sum(gw * gw) + jnp.sum(gb * gb) for gw, gb in g))
+        scale = jnp.minimum(1.0, CLIP / (norm + 1e-6))
+        m = [(MU * mw + scale * gw, MU * mb + scale * gb) for (mw, mb), (gw, gb) in zip(m, g)]
+        ps = [(w - LR * mw, b - LR * mb) for (w, b), (mw, mb) in zip(ps, m)]
+        return ps, m
+
+    state = {"p": params, "m": mom}
+
+    def step():
+        state["p"], state["m"] = step_fn(state["p"], target, state["m"])
+        jax.block_until_ready(state["p"])
+
+    return step
+
+
+# ---------------------------------------------------------------------------------------
+def blas_kernel():
+    from cubedqn.profiling import blas_info
+    b = blas_info()
+    return f"{b['library']} {b['version']} kernel {b['kernel']}, OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}"
+
+
+def bench(impls, reps, inner):
+    times = {name: [] for name in impls}
+    for name, f in impls.items():  # warm-up (compilation)
+        for _ in range(3):
+            f()
+    for _ in range(reps):
+        for name, f in impls.items():
+            t = time.perf_counter()
+            for _ in range(inner):
+                f()
+            times[name].append((time.perf_counter() - t) / inner)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="cube2,cube3")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--inner", type=int, default=20)
+    ap.add_argument("--peers", default="numpy,torch,jax")
+    args = ap.parse_args()
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(1)
+    print(f"BLAS: {blas_kernel()}")
+    for shape in args.shapes.split(","):
+        pname, hidden, bsz = SHAPES[shape]
+        puzzle = get_puzzle(pname)
+        layout = Layout(puzzle.n_stickers * 6, puzzle.n_stickers, hidden, 12)
+        batch = make_data(puzzle, bsz)
+        impls = {"cubedqn": cubedqn_step(layout, puzzle, batch),
+                 "cubedqn dense": cubedqn_step(layout, puzzle, batch, sparse=False)}
+        skipped = []
+        for peer in args.peers.split(","):
+            try:
+                impls[{"numpy": "numpy", "torch": "pytorch eager", "jax": "jax jit"}[peer]] = \
+                    {"numpy": numpy_step, "torch": torch_step, "jax": jax_step}[peer](layout, puzzle, batch)
+            except ImportError:
+                skipped.append(peer)
+        inner = max(1, args.inner // (4 if shape == "cube3" else 1))
+        med = bench(impls, args.reps, inner)
+        flops = 3 * layout.flops_forward(bsz, sparse=False) + layout.flops_backward(bsz, sparse=False)
+        print(f"\n{layout.describe()}  batch {bsz}  (Double DQN, Huber, clipped momentum; medians of "
+              f"{args.reps} x {inner} steps, 1 thread)")
+        print(f"{'implementation':<16s} {'ms/step':>9s} {'steps/min':>10s} {'dense GFLOP/s':>14s} {'vs cubedqn':>11s}")
+        base = med["cubedqn"]
+        for name, t in med.items():
+            print(f"{name:<16s} {t * 1e3:>9.3f} {60 / t:>10.0f} {flops / t / 1e9:>14.1f} {t / base:>10.2f}x")
+        if skipped:
+            print(f"skipped (not installed): {', '.join(skipped)}")
+
+
+if __name__ == "__main__":
+    main()
