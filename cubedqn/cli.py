@@ -19,6 +19,7 @@ import numpy as np
 from . import __version__
 from .checkpoint import CheckpointError
 from .config import Config, ConfigError, list_profiles, load_profile, validate
+from .threads import limit_threads
 from .cube import (CubeError, METRICS, ascii_net, format_moves, from_facelets, get_puzzle, is_solved,
                    parse_moves, to_facelets)
 
@@ -55,14 +56,6 @@ def main():
 
 # ---------------------------------------------------------------------------------------
 # helpers
-
-def apply_threads(threads: int):
-    """One knob for both sides: numba's threads and the BLAS that njit kernels call."""
-    import numba
-    from threadpoolctl import threadpool_limits
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    return threadpool_limits(limits=threads, user_api="blas")
-
 
 def resolve_device(device: str) -> str:
     if device == "cpu":
@@ -147,17 +140,16 @@ def print_profiles():
 @hyperparameter_options
 def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, **hp):
     """Train a DQN agent; writes config.json, model.npz, state.json, metrics.jsonl."""
-    from .dqn import Trainer, TrainingDiverged
+    from .dqn import TrainingDiverged
     if profile == "list":
         print_profiles()
         return
     overrides = dict(hp, puzzle=puzzle, steps=steps, minutes=minutes, seed=seed, threads=threads, device=device)
     if resume:
+        from .dqn import load_config
         run_dir = Path(resume)
         extend = {k: v for k, v in (("steps", steps), ("minutes", minutes), ("threads", threads)) if v is not None}
-        trainer = Trainer.load(run_dir, **extend)
-        cfg = trainer.cfg
-        click.echo(f"resuming {run_dir} at gradient step {trainer.grad_steps}")
+        cfg = load_config(run_dir).replace(**extend)
     else:
         cfg = build_config(profile, overrides)
         name = Path(profile).stem if profile else cfg.puzzle
@@ -165,11 +157,12 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
         if (run_dir / "state.json").exists():
             raise UserError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     dev = resolve_device(cfg.device)
-    limits = apply_threads(cfg.threads)
+    limits = limit_threads(cfg.threads)
     click.echo("config: " + json.dumps({k: v for k, v in cfg.to_dict().items() if k != "description"}))
     click.echo(f"device: {dev}; run directory: {run_dir}")
-    if not resume:
-        trainer = make_trainer(cfg, dev)
+    trainer = make_trainer(cfg, dev, resume=run_dir if resume else None, **(extend if resume else {}))
+    if resume:
+        click.echo(f"resuming {run_dir} at gradient step {trainer.grad_steps}")
     run_dir.mkdir(parents=True, exist_ok=True)
     from .checkpoint import atomic_write_json
     atomic_write_json(run_dir / "config.json", cfg.to_dict())
@@ -200,12 +193,19 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
                + (" --random-states 1000" if cfg.puzzle == "cube2" else ""))
 
 
-def make_trainer(cfg, device):
+def make_trainer(cfg, device, resume=None, **overrides):
+    """A CPU or CUDA trainer, new or resumed; configurations a device cannot run exit 2."""
+    from .dqn import Trainer
+    cls = Trainer
     if device == "cuda":
         from .cuda.trainer import CudaTrainer
-        return CudaTrainer(cfg)
-    from .dqn import Trainer
-    return Trainer(cfg)
+        cls = CudaTrainer
+    try:
+        return cls.load(resume, **overrides) if resume else cls(cfg)
+    except ValueError as e:
+        if isinstance(e, USER_ERRORS):
+            raise
+        raise UserError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -232,7 +232,7 @@ def profile_cmd(profile, puzzle, hidden, batch_size, targets, optimizer, steps, 
                 threads=threads, device=device)
     cfg = build_config(profile, over)
     dev = resolve_device(cfg.device)
-    with apply_threads(cfg.threads):
+    with limit_threads(cfg.threads):
         report = profile_training(cfg, steps, warmup, dev)
     if as_json:
         click.echo(json.dumps(report))
@@ -292,7 +292,7 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
     n_actions = METRICS[cfg.metric]
     rows = []
     all_ok, all_len, all_time, all_opt, opt_dist = [], [], [], [], []
-    with apply_threads(threads):
+    with limit_threads(threads):
         if random_states:
             if cfg.puzzle != "cube2":
                 raise UserError("--random-states needs the 2x2x2 oracle: only for cube2 checkpoints")

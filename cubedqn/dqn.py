@@ -62,6 +62,8 @@ def eval_states(puzzle, n_actions, depth, n, seed):
 
 
 class Trainer:
+    learner_class = Learner  # the CUDA trainer swaps in its device-resident learner
+
     def __init__(self, cfg: Config):
         self.cfg = cfg = validate(cfg)
         self.puzzle = get_puzzle(cfg.puzzle)
@@ -72,7 +74,7 @@ class Trainer:
         self.rng = make_rng(cfg.seed)  # one stream for envs, exploration and replay
         n_step = 1 if cfg.targets == "all-actions" else cfg.n_step
         self.encoder = Encoder(self.puzzle, self.n_actions, cfg.canonical_input, cfg.sparse_input)
-        self.learner = Learner(
+        self.learner = self.learner_class(
             self.layout, self.moves, cfg.batch_size, self.encoder, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
             optimizer=cfg.optimizer, seed=cfg.seed, dtype=dtype, sparse=cfg.sparse_input,
             grad_accum=cfg.grad_accum, lomo=cfg.lomo, target_update_interval=cfg.target_update_interval,
@@ -161,8 +163,8 @@ class Trainer:
         key = self.depth
         if key not in self._eval_cache:
             self._eval_cache[key] = eval_states(self.puzzle, self.n_actions, key, c.curriculum_eval_n, c.seed)
-        solved, _, _ = greedy_solve(self.policy, self._eval_cache[key], self.moves,
-                                    min(c.max_episode_moves, 2 * key + 2))
+        # a greedy rollout may use twice the scramble depth (+2), whatever the episode length
+        solved, _, _ = greedy_solve(self.policy, self._eval_cache[key], self.moves, 2 * key + 2)
         self.last_solve_rate = float(solved.mean())
         if c.curriculum == "adaptive" and self.last_solve_rate >= c.curriculum_threshold \
                 and self.depth < c.depth_max:

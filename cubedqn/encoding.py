@@ -94,6 +94,42 @@ def action_map(puzzle, n_actions) -> np.ndarray:
     return out
 
 
+def child_representatives(puzzle, n_actions, trials=8):
+    """(reps, rep_of): actions whose children are distinct up to whole-cube rotation.
+
+    On the 2x2x2, D is U followed by a whole-cube rotation (likewise D' ~ U', L ~ R, B ~ F,
+    and the half turns in pairs), so a state's 12 quarter-turn children are 6 positions.
+    rep_of[a] is the index into reps of the representative of action a. Found by
+    comparing canonical children on random states, then used as exact identities.
+    """
+    rng = np.random.default_rng(0)
+    rots = puzzle.rotations.astype(np.int64)
+    moves = puzzle.moves.astype(np.int64)
+    fac, col = puzzle.corner_facelets[6], puzzle.corner_colours[6]
+
+    def canon(state):
+        for R in rots:
+            if np.array_equal(state[R][fac], col):
+                return state[R].tobytes()
+        raise AssertionError("no rotation homes the DBL corner")
+
+    states = [puzzle.solved.copy() for _ in range(trials)]
+    for k in range(trials):
+        for a in rng.integers(0, 18, 25):
+            states[k] = states[k][moves[a]]
+    keys = [tuple(canon(s[moves[a]]) for s in states) for a in range(n_actions)]
+    reps, rep_of = [], np.zeros(n_actions, np.int64)
+    for a in range(n_actions):
+        for r, b in enumerate(reps):
+            if keys[b] == keys[a]:
+                rep_of[a] = r
+                break
+        else:
+            rep_of[a] = len(reps)
+            reps.append(a)
+    return np.array(reps, np.int64), rep_of
+
+
 class Encoder:
     """Encodes states for a network, canonicalising 2x2x2 orientation when enabled."""
 
@@ -105,6 +141,9 @@ class Encoder:
         self.colours = np.ascontiguousarray(puzzle.corner_colours[6])
         self.act_map = action_map(puzzle, n_actions) if self.canonical else \
             np.tile(np.arange(n_actions), (1, 1))
+        # children worth scoring in all-actions targets (all of them unless canonical)
+        self.child_reps, self.child_rep_of = child_representatives(puzzle, n_actions) if self.canonical \
+            else (np.arange(n_actions), np.arange(n_actions))
 
     def encode(self, states, ws, row0=0, rot=None):
         """Write the input rows [row0, row0+n) of workspace ws; fills rot (n,) if canonical."""

@@ -9,7 +9,8 @@ handful of Numba calls, each timed into a phase (forward, backward, optimizer):
   targets "dqn": y = r + gamma^n (1 - done) max_a Q_target(s', a).
   targets "all-actions": uses the cube model. For each sampled s, all children c_a are
       formed and the target network scores them; every action is trained at once with
-      y_a = -1 if c_a is solved else -1 + gamma * max_a' Q_target(c_a, a').
+      y_a = -1 if c_a is solved else -1 + gamma * max_a' Q_target(c_a, a'). With the
+      canonical 2x2x2 encoder only the 6 (QTM) distinct children are scored.
 
 Gradient accumulation splits the batch into k micro-batches and applies one update.
 LOMO applies each layer's update during backward, as soon as its gradient is known, with
@@ -70,12 +71,17 @@ def sampled_targets(q_next_online, q_next_target, rewards, dones, discounts, dou
 
 
 @njit(cache=True, error_model="numpy")
-def all_action_targets(q_children, child_solved, gamma, out):
-    """out (B,A): y[b,a] = -1 + gamma * max Q_t(child) unless the child is solved (then -1)."""
+def all_action_targets(q_children, child_solved, gamma, rep_of, out):
+    """out (B,A): y[b,a] = -1 + gamma * max Q_t(child) unless the child is solved (then -1).
+
+    q_children / child_solved hold the R representative children of each state, row
+    b*R + rep_of[a] for action a (R = A when every child is scored).
+    """
     b_n, a_n = out.shape
+    n_rep = q_children.shape[0] // b_n
     for b in range(b_n):
         for a in range(a_n):
-            r = b * a_n + a
+            r = b * n_rep + rep_of[a]
             if child_solved[r]:
                 out[b, a] = -1.0
             else:
@@ -119,13 +125,15 @@ class Learner:
         self.micro = micro
         online_rows = micro if targets != "double" else 2 * micro
         self.ws = self.online.workspace(online_rows)
-        target_rows = micro * self.n_actions if targets == "all-actions" else micro
+        self.n_rep = len(encoder.child_reps)
+        self.rep_moves = np.ascontiguousarray(moves[encoder.child_reps])
+        target_rows = micro * self.n_rep if targets == "all-actions" else micro
         self.ws_t = self.target.workspace(target_rows)
         self.y = np.zeros(micro, self.dtype)
         self.Y = np.zeros((micro, self.n_actions), self.dtype)
         self.td = np.zeros(batch_size, self.dtype)
-        self.children = np.zeros((micro, self.n_actions, layout.n_stickers), np.uint8)
-        self.child_solved = np.zeros(micro * self.n_actions, np.bool_)
+        self.children = np.zeros((micro, self.n_rep, layout.n_stickers), np.uint8)
+        self.child_solved = np.zeros(micro * self.n_rep, np.bool_)
         self.ones = np.ones(batch_size, self.dtype)
         self.rot = np.zeros(micro, np.int64)            # rotation of each sampled state
         self.rot_scratch = np.zeros(target_rows, np.int64)
@@ -186,12 +194,12 @@ class Learner:
         states = batch.states[sl]
         enc.encode(states, ws, 0, self.rot)
         if self.targets == "all-actions":
-            expand_children(states, self.moves, self.n_actions, self.children)
-            kids = self.children.reshape(m * self.n_actions, -1)
+            expand_children(states, self.rep_moves, self.n_rep, self.children)
+            kids = self.children.reshape(m * self.n_rep, -1)
             solved_batch(kids, self.child_solved)
             enc.encode(kids, wt, 0, self.rot_scratch)
-            q_kids = tg.forward_ws(wt, m * self.n_actions)
-            all_action_targets(q_kids, self.child_solved, self.gamma, self.Y)
+            q_kids = tg.forward_ws(wt, m * self.n_rep)
+            all_action_targets(q_kids, self.child_solved, self.gamma, enc.child_rep_of, self.Y)
             rows_to_canonical(self.Y, self.rot, enc.act_map, self.Yc)
             q = on.forward_ws(ws, m)
             loss = loss_full(q, self.Yc, weights, scale, self.loss_kind, ws.dq, self.td[sl], m)

@@ -219,8 +219,8 @@ def main():
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--peers", default="numpy,torch,jax")
     args = ap.parse_args()
-    from threadpoolctl import threadpool_limits
-    threadpool_limits(1)
+    from cubedqn.threads import limit_threads
+    limit_threads(1)
     print(f"BLAS: {blas_kernel()}")
     for shape in args.shapes.split(","):
         pname, hidden, bsz = SHAPES[shape]

@@ -167,3 +167,13 @@ def test_profile_json_contract():
     assert set(d["phases"]) == {"env", "act", "replay add", "sample", "forward", "backward", "optimizer",
                                 "target update", "eval", "other"}
     assert d["train_step_ms"] > 0
+
+
+def test_thread_limit_reaches_numbas_blas():
+    """The limit must reach scipy's OpenBLAS (used by njit np.dot), which loads lazily."""
+    from threadpoolctl import threadpool_info
+    from cubedqn.threads import limit_threads
+    with limit_threads(1):
+        blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+        assert any("scipy" in i["filepath"] for i in blas)
+        assert all(i["num_threads"] == 1 for i in blas)

@@ -161,13 +161,38 @@ def test_all_actions_targets_equal_per_action_ones():
     solved_batch(flat, solved)
     q_kids = lr.target.q_values(flat)
     Y = np.zeros((4, 12))
-    all_action_targets(q_kids, solved, 0.9, Y)
+    all_action_targets(q_kids, solved, 0.9, np.arange(12), Y)
     for i in range(4):
         for a in range(12):
             # the sampled rule for transition (s_i, a, r=-1, child, done=solved(child))
             y = ref.dqn_targets(np.array([-1.0]), np.array([float(solved[i * 12 + a])]), np.array([0.9]),
                                 q_kids[i * 12 + a][None].astype(np.float64))
             assert Y[i, a] == pytest.approx(y[0], rel=1e-6)
+
+
+def test_representative_children_give_the_same_targets_as_all_children():
+    """Canonical 2x2x2: scoring 6 representative children == scoring all 12."""
+    enc = Encoder(P2, 12, canonical=True)
+    assert len(enc.child_reps) == 6
+    layout = Layout(144, 24, (32,), 12)
+    moves = np.ascontiguousarray(P2.moves[:12])
+    lr = Learner(layout, moves, 16, enc, targets="all-actions", gamma=0.9, seed=2)
+    b = a_batch(16, seed=4)
+    b.states[:] = np.random.default_rng(5).integers(0, 6, (16, 24))
+    for i in range(16):  # real positions, some one move from solved
+        b.states[i] = P2.solved
+        for a in np.random.default_rng(i).integers(0, 12, i % 5 + 1):
+            b.states[i] = b.states[i][P2.moves[a]]
+    lr._forward_loss(b, slice(0, 16), np.ones(16), 1 / 16)
+    kids = np.empty((16, 12, 24), np.uint8)
+    expand_children(b.states, moves, 12, kids)
+    solved = np.empty(16 * 12, np.bool_)
+    solved_batch(kids.reshape(-1, 24), solved)
+    from cubedqn.encoding import Policy
+    q_all = Policy(lr.target, enc).q_values(kids.reshape(-1, 24))
+    Y = np.zeros((16, 12))
+    all_action_targets(q_all, solved, 0.9, np.arange(12), Y)
+    np.testing.assert_allclose(lr.Y, Y, rtol=1e-6, atol=1e-6)
 
 
 def learner_pair(**kw):

@@ -1,0 +1,18 @@
+"""One `--threads` knob for both sides: Numba's own threads and the BLAS its np.dot calls.
+
+Numba's np.dot calls scipy's OpenBLAS, which is loaded lazily on first use. A thread limit
+applied before it is loaded does not reach it (it then starts with one thread per core,
+and two such processes on two cores busy-wait against each other: measured here at 5-7x
+slower steps). So the library is loaded first, then limited.
+"""
+
+from __future__ import annotations
+
+
+def limit_threads(threads: int):
+    """Limit numba and every loaded BLAS to `threads`; returns the threadpoolctl limiter."""
+    import numba
+    import scipy.linalg.cython_blas  # noqa: F401  (loads the OpenBLAS that njit np.dot uses)
+    from threadpoolctl import threadpool_limits
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    return threadpool_limits(limits=threads, user_api="blas")
