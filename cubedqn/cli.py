@@ -287,7 +287,7 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
     check_search(search, beam_width, max_moves)
     if n <= 0 or random_states < 0:
         raise UserError("--n must be positive and --random-states >= 0")
-    cfg, net = load_policy(checkpoint)
+    cfg, policy = load_policy(checkpoint)
     puzzle = get_puzzle(cfg.puzzle)
     n_actions = METRICS[cfg.metric]
     rows = []
@@ -300,7 +300,7 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
             oracle = load_oracle(cfg.metric)
             states = oracle.random_states(random_states, np.random.default_rng(seed))
             optimal = oracle.distances(states)
-            ok, lengths, secs, _ = solve_many(net, puzzle, states, n_actions, search, beam_width, max_moves)
+            ok, lengths, secs, _ = solve_many(policy, puzzle, states, n_actions, search, beam_width, max_moves)
             for d in sorted(set(optimal.tolist())):
                 m = optimal == d
                 rows.append({"distance": d, "n": int(m.sum()), "solved_frac": float(ok[m].mean()),
@@ -312,7 +312,7 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
         else:
             for d in parse_depths(depths or ("1-14" if cfg.puzzle == "cube2" else "1-20")):
                 states = eval_states(puzzle, n_actions, d, n, seed)
-                ok, lengths, secs, _ = solve_many(net, puzzle, states, n_actions, search, beam_width, max_moves)
+                ok, lengths, secs, _ = solve_many(policy, puzzle, states, n_actions, search, beam_width, max_moves)
                 rows.append({"depth": d, "n": n, "solved_frac": float(ok.mean()),
                              "mean_length": float(lengths[ok].mean()) if ok.any() else None,
                              "median_seconds": float(np.median(secs))})
@@ -362,7 +362,7 @@ def solve(checkpoint, scramble, facelets, search, beam_width, max_moves, as_json
     check_search(search, beam_width, max_moves)
     if (scramble is None) == (facelets is None):
         raise UserError("give exactly one of --scramble or --facelets")
-    cfg, net = load_policy(checkpoint)
+    cfg, policy = load_policy(checkpoint)
     puzzle = get_puzzle(cfg.puzzle)
     if facelets is not None:
         state = from_facelets(puzzle, facelets)
@@ -370,7 +370,7 @@ def solve(checkpoint, scramble, facelets, search, beam_width, max_moves, as_json
         state = puzzle.solved.copy()
         for a in parse_moves(scramble, "htm"):
             state = state[puzzle.moves[a]]
-    ok, lengths, secs, sols = solve_many(net, puzzle, state[None], METRICS[cfg.metric], search,
+    ok, lengths, secs, sols = solve_many(policy, puzzle, state[None], METRICS[cfg.metric], search,
                                          beam_width, max_moves)
     out = {"solution": format_moves(sols[0]) if ok[0] else "", "length": int(lengths[0]) if ok[0] else None,
            "solved": bool(ok[0]), "seconds": float(secs[0])}

@@ -470,21 +470,22 @@ def scramble_into(states, depths, moves, n_actions, rng, no_undo, record):
 
 
 @njit(cache=True)
+def solved_row(state):
+    """Every face of one (S,) state is one colour."""
+    per = state.shape[0] // 6
+    for f in range(6):
+        c = state[f * per]
+        for k in range(1, per):
+            if state[f * per + k] != c:
+                return False
+    return True
+
+
+@njit(cache=True)
 def solved_batch(states, out):
     """out[i] = every face of states[i] is one colour."""
-    n, s = states.shape
-    per = s // 6
-    for i in range(n):
-        ok = True
-        for f in range(6):
-            c = states[i, f * per]
-            for k in range(1, per):
-                if states[i, f * per + k] != c:
-                    ok = False
-                    break
-            if not ok:
-                break
-        out[i] = ok
+    for i in range(states.shape[0]):
+        out[i] = solved_row(states[i])
 
 
 @njit(cache=True)

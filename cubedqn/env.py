@@ -15,19 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cube import scramble_into
+from .cube import scramble_into, solved_row
 from .rng import below, uniform
-
-
-@njit(cache=True)
-def _solved(state):
-    per = state.shape[0] // 6
-    for f in range(6):
-        c = state[f * per]
-        for k in range(1, per):
-            if state[f * per + k] != c:
-                return False
-    return True
 
 
 @njit(cache=True)
@@ -44,7 +33,7 @@ def reset_envs(states, mask, solved_state, depth_lo, depth_hi, moves, n_actions,
             one[0] = solved_state
             depth[0] = depth_lo + below(rng, depth_hi - depth_lo + 1)
             scramble_into(one, depth, moves, n_actions, rng, True, rec)
-            if not _solved(one[0]):
+            if not solved_row(one[0]):
                 break
         states[i] = one[0]
         ep_steps[i] = 0
@@ -92,7 +81,7 @@ def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a
             tmp[j] = states[i, perm[j]]
         states[i] = tmp
         ep_steps[i] += 1
-        solved = _solved(states[i])
+        solved = solved_row(states[i])
         truncated = (not solved) and ep_steps[i] >= max_moves
         ended[i] = solved or truncated
         if solved:

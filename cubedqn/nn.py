@@ -317,7 +317,11 @@ def loss_full(q, targets, weights, scale, kind, dq, td, rows):
 # The network object: parameters + views + helpers. Kernels above never see this class.
 
 class MLP:
-    """Online parameters (flat), their views, and a forward helper for evaluation."""
+    """Parameters (flat) and their views; `forward_ws` runs a workspace's rows.
+
+    Q-values of cube states in their own frame come from `encoding.Policy`, which adds
+    the input encoding (and the 2x2x2 orientation relabelling) around this class.
+    """
 
     def __init__(self, layout: Layout, params: np.ndarray | None = None, seed: int = 0,
                  dtype=np.float32, sparse: bool = True):
@@ -327,7 +331,6 @@ class MLP:
         self.params = init_params(layout, np.random.default_rng(seed), self.dtype) if params is None \
             else np.ascontiguousarray(params, dtype=self.dtype)
         self.Ws, self.bs = views(self.params, layout)
-        self._eval_ws = {}
 
     def workspace(self, rows: int) -> Workspace:
         return Workspace(self.layout, rows, self.dtype, dense_input=not self.sparse)
@@ -337,23 +340,3 @@ class MLP:
         if self.layout.dueling:
             dueling_forward(ws.acts[-1][:rows], ws.q[:rows])
         return ws.q[:rows]
-
-    def q_values(self, states: np.ndarray, chunk: int = 4096) -> np.ndarray:
-        """Q-values (N, A) of uint8 sticker states, in chunks through a cached workspace."""
-        from .cube import encode_index, encode_onehot
-        states = np.ascontiguousarray(np.atleast_2d(states), dtype=np.uint8)
-        n = len(states)
-        out = np.empty((n, self.layout.n_actions), self.dtype)
-        rows = min(chunk, max(n, 1))
-        ws = self._eval_ws.get(rows)
-        if ws is None:
-            ws = self._eval_ws[rows] = self.workspace(rows)
-        for start in range(0, n, rows):
-            part = states[start:start + rows]
-            k = len(part)
-            if self.sparse:
-                encode_index(part, ws.idx[:k])
-            else:
-                encode_onehot(part, ws.x[:k])
-            out[start:start + k] = self.forward_ws(ws, k)
-        return out

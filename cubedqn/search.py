@@ -72,7 +72,7 @@ def greedy_step(q, rows, states, moves, hist, hist_len, actions_out, stuck):
         actions_out[i] = chosen
 
 
-def greedy_solve(net, states, moves, max_moves=30):
+def greedy_solve(policy, states, moves, max_moves=30):
     """Batched greedy rollouts. Returns (solved (N,), lengths (N,), solutions list)."""
     states = np.array(np.atleast_2d(states), dtype=np.uint8, copy=True)
     n, s = states.shape
@@ -88,7 +88,7 @@ def greedy_solve(net, states, moves, max_moves=30):
         rows = np.flatnonzero(~solved & ~stuck)
         if rows.size == 0:
             break
-        q = net.q_values(states[rows])
+        q = policy.q_values(states[rows])
         step_actions[:] = -1
         greedy_step(q, rows, states, moves, hist, hist_len, step_actions, stuck)
         path[rows, t] = step_actions[rows]
@@ -134,7 +134,7 @@ def select_beam(kids, scores, width, out_idx):
     return count
 
 
-def beam_search(net, state, moves, n_actions, width=64, max_depth=30):
+def beam_search(policy, state, moves, n_actions, width=64, max_depth=30):
     """Beam search from one state; returns the action list or None if not found."""
     state = np.asarray(state, dtype=np.uint8)
     if is_solved(state):
@@ -147,7 +147,7 @@ def beam_search(net, state, moves, n_actions, width=64, max_depth=30):
     sel = np.empty(width, np.int64)
     for _ in range(max_depth):
         w = beam.shape[0]
-        q = net.q_values(beam)
+        q = policy.q_values(beam)
         k = kids[:w]
         expand_children(beam, moves, n_actions, k)
         flat = k.reshape(w * n_actions, s)
@@ -174,20 +174,20 @@ def verify(puzzle, state, solution) -> bool:
     return solution is not None and is_solved(apply_moves(puzzle, state, solution))
 
 
-def solve_many(net, puzzle, states, n_actions, search="greedy", beam_width=64, max_moves=30):
+def solve_many(policy, puzzle, states, n_actions, search="greedy", beam_width=64, max_moves=30):
     """Solve each state; returns (solved, lengths, seconds per cube, solutions), all verified."""
     states = np.atleast_2d(states)
     n = len(states)
     moves = np.ascontiguousarray(puzzle.moves)
     if search == "greedy":
         t = time.perf_counter()
-        _, lengths, sols = greedy_solve(net, states, moves, max_moves)
+        _, lengths, sols = greedy_solve(policy, states, moves, max_moves)
         per = np.full(n, (time.perf_counter() - t) / max(n, 1))
     elif search == "beam":
         sols, per = [], np.zeros(n)
         for i in range(n):
             t = time.perf_counter()
-            sols.append(beam_search(net, states[i], moves, n_actions, beam_width, max_moves))
+            sols.append(beam_search(policy, states[i], moves, n_actions, beam_width, max_moves))
             per[i] = time.perf_counter() - t
     else:
         raise ValueError(f"unknown search '{search}' (expected greedy or beam)")

@@ -159,7 +159,8 @@ def test_all_actions_targets_equal_per_action_ones():
     flat = kids.reshape(48, 24)
     solved = np.empty(48, np.bool_)
     solved_batch(flat, solved)
-    q_kids = lr.target.q_values(flat)
+    from cubedqn.encoding import Policy
+    q_kids = Policy(lr.target, lr.encoder).q_values(flat)
     Y = np.zeros((4, 12))
     all_action_targets(q_kids, solved, 0.9, np.arange(12), Y)
     for i in range(4):

@@ -101,11 +101,17 @@ def test_sparse_and_dense_first_layers_agree():
     assert ls == pytest.approx(ld, rel=1e-12)
 
 
+def plain_policy(net):
+    from cubedqn.cube import get_puzzle
+    from cubedqn.encoding import Encoder, Policy
+    return Policy(net, Encoder(get_puzzle("cube2"), net.layout.n_actions, canonical=False))
+
+
 def test_float32_forward_and_backward_match_reference():
     layout = Layout(in_dim=24 * 6, n_stickers=24, hidden=(64, 32), n_actions=12)
     net = MLP(layout, seed=5)
     states = np.random.default_rng(2).integers(0, 6, (33, 24)).astype(np.uint8)
-    q = net.q_values(states)
+    q = plain_policy(net).q_values(states)
     q_ref, acts = ref.forward(layout, net.params.astype(np.float64), ref.onehot(states))
     np.testing.assert_allclose(q, q_ref, rtol=1e-4, atol=1e-4)
     actions = np.random.default_rng(3).integers(0, 12, 33)
@@ -121,7 +127,10 @@ def test_q_values_chunks_equal_one_pass():
     layout = Layout(in_dim=24 * 6, n_stickers=24, hidden=(16,), n_actions=12)
     net = MLP(layout, seed=1)
     states = np.random.default_rng(2).integers(0, 6, (50, 24)).astype(np.uint8)
-    np.testing.assert_array_equal(net.q_values(states, chunk=7), net.q_values(states, chunk=64))
+    pol = plain_policy(net)
+    q64 = pol.q_values(states)
+    pol.chunk = 7
+    np.testing.assert_array_equal(pol.q_values(states), q64)
 
 
 def layer_slices(layout):
