@@ -74,6 +74,7 @@ HELP = {
     "hidden": "hidden layer widths, e.g. 256,256",
     "dueling": "dueling Q head", "sparse_input": "sparse one-hot first layer (gather/scatter)",
     "canonical_input": "2x2x2: canonicalise orientation (fix the DBL corner) before the network",
+    "input_encoding": "stickers, or cubies (2x2x2: which cubie and twist in each corner slot)",
     "precision": "float32 or float64", "n_envs": "cubes stepped together",
     "max_episode_moves": "moves before an episode is truncated", "gamma": "discount",
     "exploration_initial_eps": "initial epsilon", "exploration_final_eps": "final epsilon",
@@ -176,15 +177,14 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     t0 = time.perf_counter()
     try:
         trainer.run(run_dir=run_dir, on_log=on_log)
-    except KeyboardInterrupt:
-        trainer.save(run_dir)
-        click.echo(f"\ninterrupted at gradient step {trainer.grad_steps}; checkpoint saved to {run_dir}")
-        click.echo(f"resume with: cubedqn train --resume {run_dir}")
-        sys.exit(130)
     except TrainingDiverged as e:
         click.echo(f"cubedqn: error: training diverged: {e}", err=True)
         sys.exit(1)
     trainer.save(run_dir)
+    if trainer.interrupted:
+        click.echo(f"\ninterrupted at gradient step {trainer.grad_steps}; checkpoint saved to {run_dir}")
+        click.echo(f"resume with: cubedqn train --resume {run_dir}")
+        sys.exit(130)
     del limits
     click.echo(f"trained {trainer.grad_steps} gradient steps, {trainer.env_steps} env steps "
                f"in {time.perf_counter() - t0:.1f} s")

@@ -37,6 +37,7 @@ class Config:
     dueling: bool = False
     sparse_input: bool = True
     canonical_input: bool = True          # 2x2x2: turn each cube to a fixed orientation first
+    input_encoding: str = "stickers"      # stickers | cubies (2x2x2: slot -> cubie + twist)
     precision: str = "float32"
     # environments and exploration
     n_envs: int = 64
@@ -161,6 +162,10 @@ def _check(cond, msg):
 def validate(c: Config) -> Config:
     _check(c.puzzle in PUZZLES, f"unknown puzzle '{c.puzzle}' (expected cube2 or cube3)")
     _check(c.metric in METRICS, f"unknown metric '{c.metric}' (expected qtm or htm)")
+    _check(c.input_encoding in ("stickers", "cubies"),
+           f"unknown input_encoding '{c.input_encoding}' (expected stickers or cubies)")
+    _check(c.input_encoding == "stickers" or (c.puzzle == "cube2" and c.sparse_input),
+           "input_encoding = cubies needs puzzle cube2 and sparse_input")
     _check(c.precision in ("float32", "float64"), f"precision must be float32 or float64, got '{c.precision}'")
     for name in ("n_envs", "max_episode_moves", "buffer_size", "batch_size", "train_freq",
                  "gradient_steps", "target_update_interval", "n_step", "grad_accum", "threads",

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -45,9 +47,16 @@ class TrainingDiverged(RuntimeError):
     """Loss or parameters became NaN/Inf."""
 
 
-def make_layout(cfg: Config) -> Layout:
-    p = get_puzzle(cfg.puzzle)
-    return Layout(in_dim=p.n_stickers * 6, n_stickers=p.n_stickers, hidden=tuple(cfg.hidden),
+def make_encoder(cfg: Config) -> Encoder:
+    try:
+        return Encoder(get_puzzle(cfg.puzzle), METRICS[cfg.metric], cfg.canonical_input, cfg.sparse_input,
+                       cfg.input_encoding)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def make_layout(cfg: Config, encoder: Encoder) -> Layout:
+    return Layout(in_dim=encoder.in_dim, n_active=encoder.n_active, hidden=tuple(cfg.hidden),
                   n_actions=METRICS[cfg.metric], dueling=cfg.dueling)
 
 
@@ -69,11 +78,11 @@ class Trainer:
         self.puzzle = get_puzzle(cfg.puzzle)
         self.n_actions = METRICS[cfg.metric]
         self.moves = np.ascontiguousarray(self.puzzle.moves[:self.n_actions])
-        self.layout = make_layout(cfg)
+        self.encoder = make_encoder(cfg)
+        self.layout = make_layout(cfg, self.encoder)
         dtype = np.float32 if cfg.precision == "float32" else np.float64
         self.rng = make_rng(cfg.seed)  # one stream for envs, exploration and replay
         n_step = 1 if cfg.targets == "all-actions" else cfg.n_step
-        self.encoder = Encoder(self.puzzle, self.n_actions, cfg.canonical_input, cfg.sparse_input)
         self.learner = self.learner_class(
             self.layout, self.moves, cfg.batch_size, self.encoder, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
             optimizer=cfg.optimizer, seed=cfg.seed, dtype=dtype, sparse=cfg.sparse_input,
@@ -98,6 +107,7 @@ class Trainer:
         self.last_solve_rate = None
         self._eval_cache = {}
         self._log_acc = [0.0, 0]
+        self.interrupted = False
         self.env.reset(np.ones(cfg.n_envs, np.bool_), *self.depth_range(), self.rng)
 
     # -- schedules -------------------------------------------------------------------------
@@ -181,9 +191,24 @@ class Trainer:
         metrics = Path(run_dir) / "metrics.jsonl" if run_dir else None
         self._interval_start = (time.perf_counter(), self.grad_steps, self.env_steps)
         learn_after = max(c.learning_starts, c.batch_size)
+        # Ctrl-C sets a flag that is checked between steps, so an interrupted run stops in a
+        # consistent state that can be checkpointed and resumed exactly.
+        self.interrupted = False
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, lambda *_: setattr(self, "interrupted", True))
+        try:
+            self._loop(target, deadline, learn_after, run_dir, metrics, on_log)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        return self
+
+    def _loop(self, target, deadline, learn_after, run_dir, metrics, on_log):
+        c = self.cfg
         # Each pass does one env iteration or one gradient step, so a run stopped between any
         # two gradient steps (and checkpointed, `pending` included) resumes exactly.
-        while self.grad_steps < target and time.perf_counter() < deadline:
+        while self.grad_steps < target and time.perf_counter() < deadline and not self.interrupted:
             if self.pending == 0:
                 self.env_iteration()
                 if self.replay.size >= learn_after and self.vec_steps % c.train_freq == 0:
@@ -197,7 +222,6 @@ class Trainer:
                 self.log(metrics, on_log)
             if run_dir and c.checkpoint_interval and self.grad_steps % c.checkpoint_interval == 0:
                 self.save(run_dir)
-        return self
 
     def log(self, metrics_path=None, on_log=None):
         t0 = time.perf_counter()
@@ -297,7 +321,8 @@ def load_policy(run_dir):
     """(config, Policy) from a run directory, for eval and solve; no optimizer or replay."""
     from .nn import MLP
     cfg = load_config(run_dir)
-    layout = make_layout(cfg)
+    encoder = make_encoder(cfg)
+    layout = make_layout(cfg, encoder)
     data = read_npz(Path(run_dir) / "model.npz")
     if "params" not in data:
         raise CheckpointError(f"{run_dir}/model.npz has no 'params' array")
@@ -308,5 +333,4 @@ def load_policy(run_dir):
               sparse=cfg.sparse_input)
     if not all_finite(net.params):
         raise CheckpointError(f"{run_dir}/model.npz holds NaN/Inf parameters")
-    puzzle = get_puzzle(cfg.puzzle)
-    return cfg, Policy(net, Encoder(puzzle, METRICS[cfg.metric], cfg.canonical_input, cfg.sparse_input))
+    return cfg, Policy(net, encoder)

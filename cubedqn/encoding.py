@@ -55,6 +55,30 @@ def encode_onehot_rotated(states, rotations, rot, out):
 
 
 @njit(cache=True)
+def encode_cubies_rotated(states, rotations, rot, corner_facelets, corner_lookup, out):
+    """out[i, k] = 24*k + 3*cubie + twist of corner slot k of states[i] turned by rot[i].
+
+    The cubie-level input: which corner cubie sits in each slot and how it is twisted,
+    one active input per slot (8 of 192), instead of three sticker colours per corner.
+    """
+    n = states.shape[0]
+    for i in range(n):
+        perm = rotations[rot[i]]
+        for k in range(corner_facelets.shape[0]):
+            c0 = states[i, perm[corner_facelets[k, 0]]]
+            c1 = states[i, perm[corner_facelets[k, 1]]]
+            c2 = states[i, perm[corner_facelets[k, 2]]]
+            if c0 == 0 or c0 == 3:
+                t, key = 0, c0 * 36 + c1 * 6 + c2
+            elif c1 == 0 or c1 == 3:
+                t, key = 1, c1 * 36 + c2 * 6 + c0
+            else:
+                t, key = 2, c2 * 36 + c0 * 6 + c1
+            cubie = corner_lookup[key]
+            out[i, k] = 24 * k + 3 * (cubie if cubie >= 0 else 0) + t
+
+
+@njit(cache=True)
 def q_to_world(qc, rot, act_map, out):
     """out[i, a] = qc[i, act_map[rot[i], a]]: canonical-frame Q-values to the state's own frame."""
     n, a_n = out.shape
@@ -130,12 +154,27 @@ def child_representatives(puzzle, n_actions, trials=8):
     return np.array(reps, np.int64), rep_of
 
 
-class Encoder:
-    """Encodes states for a network, canonicalising 2x2x2 orientation when enabled."""
+ENCODINGS = ("stickers", "cubies")
 
-    def __init__(self, puzzle, n_actions, canonical=True, sparse=True):
-        self.puzzle, self.n_actions, self.sparse = puzzle, n_actions, sparse
+
+class Encoder:
+    """Encodes states for a network, canonicalising 2x2x2 orientation when enabled.
+
+    inputs="stickers": 6*sticker + colour per sticker (the 144-d / 324-d one-hot).
+    inputs="cubies" (2x2x2, sparse only): 24*slot + 3*cubie + twist per corner slot.
+    `in_dim` and `n_active` give the network's first-layer shape.
+    """
+
+    def __init__(self, puzzle, n_actions, canonical=True, sparse=True, inputs="stickers"):
+        if inputs not in ENCODINGS:
+            raise ValueError(f"unknown input encoding '{inputs}' (expected stickers or cubies)")
+        if inputs == "cubies" and (puzzle.n != 2 or not sparse):
+            raise ValueError("input_encoding = cubies is implemented for cube2 with the sparse first layer")
+        self.puzzle, self.n_actions, self.sparse, self.inputs = puzzle, n_actions, sparse, inputs
         self.canonical = bool(canonical and puzzle.n == 2)
+        self.in_dim, self.n_active = (192, 8) if inputs == "cubies" else (puzzle.n_stickers * 6, puzzle.n_stickers)
+        self.corner_facelets = np.ascontiguousarray(puzzle.corner_facelets)
+        self.corner_lookup = np.ascontiguousarray(puzzle.corner_lookup)
         self.rotations = np.ascontiguousarray(puzzle.rotations)
         self.fac = np.ascontiguousarray(puzzle.corner_facelets[6])  # DBL slot
         self.colours = np.ascontiguousarray(puzzle.corner_colours[6])
@@ -148,6 +187,14 @@ class Encoder:
     def encode(self, states, ws, row0=0, rot=None):
         """Write the input rows [row0, row0+n) of workspace ws; fills rot (n,) if canonical."""
         n = len(states)
+        if self.inputs == "cubies":
+            if self.canonical:
+                find_rotations(states, self.rotations, self.fac, self.colours, rot)
+            else:
+                rot[:] = 0
+            encode_cubies_rotated(states, self.rotations, rot, self.corner_facelets, self.corner_lookup,
+                                  ws.idx[row0:row0 + n])
+            return
         if not self.canonical:
             if self.sparse:
                 encode_index(states, ws.idx[row0:row0 + n])

@@ -132,7 +132,7 @@ class Learner:
         self.y = np.zeros(micro, self.dtype)
         self.Y = np.zeros((micro, self.n_actions), self.dtype)
         self.td = np.zeros(batch_size, self.dtype)
-        self.children = np.zeros((micro, self.n_rep, layout.n_stickers), np.uint8)
+        self.children = np.zeros((micro, self.n_rep, moves.shape[1]), np.uint8)
         self.child_solved = np.zeros(micro * self.n_rep, np.bool_)
         self.ones = np.ones(batch_size, self.dtype)
         self.rot = np.zeros(micro, np.int64)            # rotation of each sampled state

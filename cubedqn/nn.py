@@ -30,8 +30,8 @@ LOSSES = {"huber": HUBER, "mse": MSE}
 class Layout:
     """Shapes and flat offsets of every parameter tensor."""
 
-    in_dim: int            # one-hot width: stickers * 6
-    n_stickers: int        # active inputs per row for the sparse path
+    in_dim: int            # one-hot width (stickers * 6, or cubie slots * 24)
+    n_active: int          # ones per input row: the sparse path's gathers (stickers or cubies)
     hidden: tuple          # hidden widths
     n_actions: int
     dueling: bool = False
@@ -68,12 +68,12 @@ class Layout:
     def flops_forward(self, rows, sparse=True):
         """Multiply-add FLOPs (2 per MAC) of a forward pass over `rows` rows."""
         w = self.widths
-        first = rows * self.n_stickers * w[1] if sparse else 2 * rows * w[0] * w[1]
+        first = rows * self.n_active * w[1] if sparse else 2 * rows * w[0] * w[1]
         return first + sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))
 
     def flops_backward(self, rows, sparse=True):
         w = self.widths
-        first = rows * self.n_stickers * w[1] if sparse else 2 * rows * w[0] * w[1]
+        first = rows * self.n_active * w[1] if sparse else 2 * rows * w[0] * w[1]
         gemm = sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))  # dW
         gemm += sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))  # dx
         return first + gemm
@@ -112,7 +112,7 @@ class Workspace:
         w = layout.widths
         self.acts = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
         self.deltas = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
-        self.idx = np.zeros((rows, layout.n_stickers), np.int32)
+        self.idx = np.zeros((rows, layout.n_active), np.int32)
         self.x = np.zeros((rows, layout.in_dim), dtype) if dense_input else np.zeros((rows, 0), dtype)
         self.q = np.zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
         self.dq = np.zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]

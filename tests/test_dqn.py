@@ -320,3 +320,17 @@ def test_short_run_learns_shallow_scrambles():
     for depth in (1, 2, 3):
         solved, lengths, _ = greedy_solve(tr.policy, eval_states(P2, 12, depth, 200, 99), moves, 10)
         assert solved.mean() >= 0.9, (depth, solved.mean())
+
+
+def test_ctrl_c_stops_between_steps_and_resumes_exactly(tmp_path):
+    import os
+    import signal
+    cfg = tiny_cfg()
+    straight = Trainer(cfg).run()
+    tr = Trainer(cfg)
+    tr.run(on_log=lambda rec: os.kill(os.getpid(), signal.SIGINT))  # Ctrl-C at the first log line
+    assert tr.interrupted and tr.grad_steps == cfg.log_interval
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    tr.save(tmp_path / "run")
+    resumed = Trainer.load(tmp_path / "run").run()
+    assert np.array_equal(resumed.learner.online.params, straight.learner.online.params)

@@ -56,3 +56,30 @@ def test_policy_q_values_agree_across_orientations():
 def test_cube3_encoder_is_identity():
     enc = Encoder(get_puzzle("cube3"), 12)
     assert not enc.canonical
+
+
+def test_cubie_encoding_solved_identity_and_orientation_free():
+    from cubedqn.nn import Workspace
+    enc = Encoder(P2, 12, inputs="cubies")
+    assert (enc.in_dim, enc.n_active) == (192, 8)
+    layout = Layout(enc.in_dim, enc.n_active, (8,), 12)
+    ws = Workspace(layout, 24)
+    rot = np.zeros(24, np.int64)
+    enc.encode(np.ascontiguousarray(P2.solved[P2.rotations]), ws, 0, rot)
+    assert np.array_equal(ws.idx, np.tile(24 * np.arange(8) + 3 * np.arange(8), (24, 1)))
+    s = apply_moves(P2, P2.solved, np.random.default_rng(3).integers(0, 12, 20))
+    enc.encode(np.ascontiguousarray(s[P2.rotations]), ws, 0, rot)
+    assert (ws.idx == ws.idx[0]).all() and len(set(ws.idx[0] // 24)) == 8
+    with pytest.raises(ValueError, match="cube2"):
+        Encoder(get_puzzle("cube3"), 12, inputs="cubies")
+
+
+def test_training_runs_with_cubie_inputs(tmp_path):
+    from cubedqn.config import Config
+    from cubedqn.dqn import Trainer, load_policy
+    tr = Trainer(Config(hidden=(16,), n_envs=8, batch_size=8, learning_starts=16, buffer_size=500, steps=5,
+                        input_encoding="cubies", targets="all-actions"))
+    tr.run()
+    tr.save(tmp_path / "run")
+    cfg, pol = load_policy(tmp_path / "run")
+    assert pol.q_values(P2.solved).shape == (1, 12)

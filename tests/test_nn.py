@@ -12,7 +12,7 @@ S = 8  # a tiny "puzzle": 8 stickers, 6 colours
 
 
 def make(hidden=(7, 5), actions=4, dueling=False, sparse=True, seed=0):
-    layout = Layout(in_dim=S * 6, n_stickers=S, hidden=hidden, n_actions=actions, dueling=dueling)
+    layout = Layout(in_dim=S * 6, n_active=S, hidden=hidden, n_actions=actions, dueling=dueling)
     net = MLP(layout, seed=seed, dtype=np.float64, sparse=sparse)
     net.params += np.random.default_rng(seed + 1).normal(0, 0.05, net.params.shape)  # nonzero biases
     return net
@@ -108,7 +108,7 @@ def plain_policy(net):
 
 
 def test_float32_forward_and_backward_match_reference():
-    layout = Layout(in_dim=24 * 6, n_stickers=24, hidden=(64, 32), n_actions=12)
+    layout = Layout(in_dim=24 * 6, n_active=24, hidden=(64, 32), n_actions=12)
     net = MLP(layout, seed=5)
     states = np.random.default_rng(2).integers(0, 6, (33, 24)).astype(np.uint8)
     q = plain_policy(net).q_values(states)
@@ -124,7 +124,7 @@ def test_float32_forward_and_backward_match_reference():
 
 
 def test_q_values_chunks_equal_one_pass():
-    layout = Layout(in_dim=24 * 6, n_stickers=24, hidden=(16,), n_actions=12)
+    layout = Layout(in_dim=24 * 6, n_active=24, hidden=(16,), n_actions=12)
     net = MLP(layout, seed=1)
     states = np.random.default_rng(2).integers(0, 6, (50, 24)).astype(np.uint8)
     pol = plain_policy(net)
@@ -140,7 +140,7 @@ def layer_slices(layout):
 @pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam", "adamw"])
 @pytest.mark.parametrize("clip", ["none", "global", "layer"])
 def test_fused_optimizers_match_reference_over_10_steps(kind, clip):
-    layout = Layout(in_dim=S * 6, n_stickers=S, hidden=(7, 5), n_actions=4)
+    layout = Layout(in_dim=S * 6, n_active=S, hidden=(7, 5), n_actions=4)
     rng = np.random.default_rng(0)
     p = rng.normal(0, 1, layout.size)
     p_ref = p.copy()

@@ -82,7 +82,7 @@ class DeviceWorkspace:
         w = layout.widths
         self.acts = [cuda.device_array((rows, w[l + 1]), np.float32) for l in range(layout.n_layers)]
         self.deltas = [cuda.device_array((rows, w[l + 1]), np.float32) for l in range(layout.n_layers)]
-        self.idx = cuda.device_array((rows, layout.n_stickers), np.int32)
+        self.idx = cuda.device_array((rows, layout.n_active), np.int32)
 
 
 def device_forward(net: DeviceNet, ws: DeviceWorkspace, rows):

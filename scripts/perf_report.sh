@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Collect the performance numbers quoted in README.md, in one run, into runs/perf/.
+# OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are unset for these commands only (they slow sgemm
+# ~2x where set); each output names the BLAS kernel that actually ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=runs/perf; mkdir -p "$out"
+run() { env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$@"; }
+PY=${PYTHON:-python}
+{ uname -m; lscpu | grep -E "Model name|^CPU\(s\)|Thread|MHz" || true; date -u; } > "$out/machine.txt"
+run $PY scripts/bench_peers.py | tee "$out/peers.txt"
+run $PY scripts/bench_replay.py | tee "$out/replay.txt"
+for t in 1 2; do
+  run $PY -m cubedqn.cli profile --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --threads $t --steps 2000 --json > "$out/profile-cube2-double-t$t.json"
+  run $PY -m cubedqn.cli profile --puzzle cube3 --hidden 1024,512 --batch-size 256 --targets double --threads $t --steps 300 --json > "$out/profile-cube3-double-t$t.json"
+  run $PY -m cubedqn.cli profile --profile cube2 --threads $t --steps 500 | tee "$out/profile-cube2-preset-t$t.txt"
+done
+run $PY scripts/bench_startup.py --repeats 2 | tee "$out/startup.txt"
