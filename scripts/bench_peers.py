@@ -21,7 +21,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 
 import numpy as np
 
@@ -71,7 +71,7 @@ def numpy_step(layout, puzzle, batch):
     tgt = p.copy()
     buf = np.zeros_like(p)
     x, xn = onehot(batch.states), onehot(batch.next_states)
-    a, r, d = batch.actions, batch.rewards, batch.dones
+    a, r, d = batch.actions.astype(np.int64), batch.rewards.astype(np.float32), batch.dones.astype(np.float32)
     n = len(a)
 
     def fwd(flat, inp):
@@ -127,8 +127,8 @@ def torch_step(layout, puzzle, batch):
     target.load_state_dict(online.state_dict())
     opt = torch.optim.SGD(online.parameters(), lr=LR, momentum=MU)
     x, xn = torch.tensor(onehot(batch.states)), torch.tensor(onehot(batch.next_states))
-    a = torch.tensor(batch.actions)
-    r, d = torch.tensor(batch.rewards), torch.tensor(batch.dones)
+    a = torch.tensor(batch.actions.astype(np.int64))
+    r, d = torch.tensor(batch.rewards.astype(np.float32)), torch.tensor(batch.dones.astype(np.float32))
 
     def step():
         q = online(x).gather(1, a[:, None])[:, 0]
@@ -154,7 +154,8 @@ def jax_step(layout, puzzle, batch):
     target = [(w + 0, b + 0) for w, b in params]
     mom = [(jnp.zeros_like(w), jnp.zeros_like(b)) for w, b in params]
     x, xn = jnp.asarray(onehot(batch.states)), jnp.asarray(onehot(batch.next_states))
-    a, r, d = jnp.asarray(batch.actions), jnp.asarray(batch.rewards), jnp.asarray(batch.dones)
+    a = jnp.asarray(batch.actions.astype(np.int32))
+    r, d = jnp.asarray(batch.rewards.astype(np.float32)), jnp.asarray(batch.dones.astype(np.float32))
 
     def fwd(ps, inp):
         h = inp
@@ -214,14 +215,19 @@ def bench(impls, reps, inner):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
     ap.add_argument("--shapes", default="cube2,cube3")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--peers", default="numpy,torch,jax")
     args = ap.parse_args()
+    if not args.no_pin and hasattr(os, "sched_setaffinity"):
+        # One CPU for everything: a library that ignores its thread settings cannot use more.
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     from cubedqn.threads import limit_threads
     limit_threads(1)
-    print(f"BLAS: {blas_kernel()}")
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    print(f"BLAS: {blas_kernel()}; CPUs allowed: {cpus}")
     for shape in args.shapes.split(","):
         pname, hidden, bsz = SHAPES[shape]
         puzzle = get_puzzle(pname)
