@@ -212,9 +212,10 @@ def make_trainer(cfg, device, resume=None, **overrides):
 # profile
 
 @main.command("profile")
-@click.option("--profile", "profile", default="cube2", show_default=True, help="preset name or TOML path")
+@click.option("--profile", "profile", default=None, help="preset name or TOML path (default: the preset named after --puzzle, else cube2)")
 @click.option("--puzzle", default=None, help="cube2 or cube3")
 @click.option("--hidden", default=None, help="hidden widths, e.g. 256,256")
+@click.option("--input-encoding", default=None, help="stickers or cubies (cube2)")
 @click.option("--batch-size", type=int, default=None, help="batch size")
 @click.option("--targets", default=None, help="dqn, double or all-actions")
 @click.option("--optimizer", default=None, help="optimizer")
@@ -223,14 +224,15 @@ def make_trainer(cfg, device, resume=None, **overrides):
 @click.option("--threads", type=int, default=None, help="threads for numba kernels and BLAS")
 @click.option("--device", default=None, help="cpu, cuda or auto")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def profile_cmd(profile, puzzle, hidden, batch_size, targets, optimizer, steps, warmup, threads, device, as_json):
+def profile_cmd(profile, puzzle, hidden, input_encoding, batch_size, targets, optimizer, steps, warmup, threads,
+                device, as_json):
     """Time the training loop and print where every millisecond of a step goes."""
     from .profiling import profile_training
     if steps <= 0 or warmup < 0:
         raise UserError("--steps must be positive and --warmup >= 0")
-    over = dict(puzzle=puzzle, hidden=hidden, batch_size=batch_size, targets=targets, optimizer=optimizer,
-                threads=threads, device=device)
-    cfg = build_config(profile, over)
+    over = dict(puzzle=puzzle, hidden=hidden, input_encoding=input_encoding, batch_size=batch_size,
+                targets=targets, optimizer=optimizer, threads=threads, device=device)
+    cfg = build_config(profile or puzzle or "cube2", over)
     dev = resolve_device(cfg.device)
     with limit_threads(cfg.threads):
         report = profile_training(cfg, steps, warmup, dev)

@@ -58,8 +58,8 @@ def step_flops(trainer) -> tuple[float, float]:
         fwd = lay.flops_forward(2 * b, sparse) + lay.flops_forward(b, sparse)
     elif cfg.targets == "dqn":
         fwd = 2 * lay.flops_forward(b, sparse)
-    else:
-        fwd = lay.flops_forward(b * trainer.n_actions, sparse) + lay.flops_forward(b, sparse)
+    else:  # all-actions: the target net scores the distinct children actually formed
+        fwd = lay.flops_forward(b * trainer.learner.n_rep, sparse) + lay.flops_forward(b, sparse)
     return float(fwd), float(lay.flops_backward(b, sparse))
 
 

@@ -140,7 +140,7 @@ def test_checkpoint_for_wrong_puzzle_is_rejected(trained, tmp_path):
     run_dir = tmp_path / "bad"
     shutil.copytree(trained, run_dir)
     cfg = json.loads((run_dir / "config.json").read_text())
-    cfg["puzzle"] = "cube3"
+    cfg["puzzle"], cfg["input_encoding"] = "cube3", "stickers"  # a valid cube3 config, 2x2x2 weights
     (run_dir / "config.json").write_text(json.dumps(cfg))
     one_line_error(["eval", "--checkpoint", str(run_dir)], "does not match")
     (run_dir / "config.json").write_text("{not json")
@@ -177,3 +177,16 @@ def test_thread_limit_reaches_numbas_blas():
         blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
         assert any("scipy" in i["filepath"] for i in blas)
         assert all(i["num_threads"] == 1 for i in blas)
+
+
+def test_profile_flops_count_what_the_learner_computes():
+    from cubedqn.config import Config
+    from cubedqn.dqn import Trainer
+    from cubedqn.profiling import step_flops
+    tr = Trainer(Config(hidden=(16,), batch_size=8, n_envs=8, learning_starts=16, buffer_size=100,
+                        targets="all-actions", input_encoding="cubies"))
+    fwd, bwd = step_flops(tr)
+    lay = tr.layout
+    assert tr.learner.n_rep == 6  # canonical 2x2x2: 6 distinct children per state
+    assert fwd == lay.flops_forward(8 * 6) + lay.flops_forward(8)
+    assert bwd == lay.flops_backward(8)

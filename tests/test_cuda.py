@@ -12,7 +12,8 @@ def test_cuda_kernels_under_simulator():
     pytest.importorskip("numba.cuda")
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests" / "cuda_sim")],
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+                        str(root / "tests" / "cuda_sim")],
                        cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert " passed" in r.stdout
