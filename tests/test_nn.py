@@ -183,3 +183,15 @@ def test_torch_autograd_agrees_if_installed():
     assert loss == pytest.approx(tl.item(), rel=1e-12)
     tgrad = np.concatenate([np.concatenate([w.grad.numpy().ravel(), b.grad.numpy()]) for w, b in zip(tW, tb)])
     np.testing.assert_allclose(grad, tgrad, rtol=1e-10, atol=1e-12)
+
+
+def test_lr_schedules():
+    from cubedqn.optim import schedule_lr
+    assert schedule_lr("constant", 0.1, 0.0, 50, 101) == 0.1
+    assert schedule_lr("linear", 0.1, 0.0, 0, 101) == pytest.approx(0.1)
+    assert schedule_lr("linear", 0.1, 0.0, 50, 101) == pytest.approx(0.05)
+    assert schedule_lr("linear", 0.1, 0.0, 100, 101) == pytest.approx(0.0)
+    assert schedule_lr("cosine", 0.1, 0.0, 0, 101) == pytest.approx(0.1)
+    assert schedule_lr("cosine", 0.1, 0.0, 50, 101) == pytest.approx(0.05)
+    assert schedule_lr("cosine", 0.1, 0.01, 100, 101) == pytest.approx(0.01)
+    assert schedule_lr("cosine", 0.1, 0.01, 500, 101) == pytest.approx(0.01)  # past the end: final value
