@@ -148,6 +148,11 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     overrides = dict(hp, puzzle=puzzle, steps=steps, minutes=minutes, seed=seed, threads=threads, device=device)
     if resume:
         from .dqn import load_config
+        fixed = [k for k, v in dict(hp, profile=profile, puzzle=puzzle, seed=seed, device=device, out=out).items()
+                 if v is not None]
+        if fixed:
+            raise UserError(f"--resume continues a run with its saved config; --{fixed[0].replace('_', '-')} "
+                            "cannot change (only --steps, --minutes and --threads can)")
         run_dir = Path(resume)
         extend = {k: v for k, v in (("steps", steps), ("minutes", minutes), ("threads", threads)) if v is not None}
         cfg = load_config(run_dir).replace(**extend)
@@ -158,7 +163,7 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
         if (run_dir / "state.json").exists():
             raise UserError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     dev = resolve_device(cfg.device)
-    limits = limit_threads(cfg.threads)
+    limit_threads(cfg.threads)
     click.echo("config: " + json.dumps({k: v for k, v in cfg.to_dict().items() if k != "description"}))
     click.echo(f"device: {dev}; run directory: {run_dir}")
     trainer = make_trainer(cfg, dev, resume=run_dir if resume else None, **(extend if resume else {}))
@@ -185,7 +190,6 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
         click.echo(f"\ninterrupted at gradient step {trainer.grad_steps}; checkpoint saved to {run_dir}")
         click.echo(f"resume with: cubedqn train --resume {run_dir}")
         sys.exit(130)
-    del limits
     click.echo(f"trained {trainer.grad_steps} gradient steps, {trainer.env_steps} env steps "
                f"in {time.perf_counter() - t0:.1f} s")
     click.echo(f"checkpoint: {run_dir}")

@@ -132,6 +132,7 @@ def test_resume_continues(trained, tmp_path):
     shutil.copytree(trained, run_dir)
     r = run(["train", "--resume", str(run_dir), "--steps", "15"])
     assert "resuming" in r.output
+    one_line_error(["train", "--resume", str(run_dir), "--learning-rate", "0.1"], "--learning-rate cannot change")
     assert json.loads((run_dir / "state.json").read_text())["grad_steps"] == 15
 
 
