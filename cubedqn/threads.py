@@ -2,7 +2,7 @@
 
 Numba's np.dot calls scipy's OpenBLAS, which is loaded lazily on first use. A thread limit
 applied before it is loaded does not reach it (it then starts with one thread per core,
-and two such processes on two cores busy-wait against each other: measured here at 5-7x
+and two such processes on two cores busy-wait against each other: measured here at ~4.6x
 slower steps). So the library is loaded first, then limited.
 """
 
