@@ -166,7 +166,7 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     limit_threads(cfg.threads)
     click.echo("config: " + json.dumps({k: v for k, v in cfg.to_dict().items() if k != "description"}))
     click.echo(f"device: {dev}; run directory: {run_dir}")
-    trainer = make_trainer(cfg, dev, resume=run_dir if resume else None, **(extend if resume else {}))
+    trainer = make_trainer(cfg, dev, resume=run_dir if resume else None)
     if resume:
         click.echo(f"resuming {run_dir} at gradient step {trainer.grad_steps}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -197,15 +197,15 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
                + (" --random-states 1000" if cfg.puzzle == "cube2" else ""))
 
 
-def make_trainer(cfg, device, resume=None, **overrides):
-    """A CPU or CUDA trainer, new or resumed; configurations a device cannot run exit 2."""
+def make_trainer(cfg, device, resume=None):
+    """A CPU or CUDA trainer, new or resumed from `resume` with cfg; unsupported configs exit 2."""
     from .dqn import Trainer
     cls = Trainer
     if device == "cuda":
         from .cuda.trainer import CudaTrainer
         cls = CudaTrainer
     try:
-        return cls.load(resume, **overrides) if resume else cls(cfg)
+        return cls.load(resume, cfg) if resume else cls(cfg)
     except ValueError as e:
         if isinstance(e, USER_ERRORS):
             raise

@@ -279,11 +279,12 @@ class Trainer:
         return run_dir
 
     @classmethod
-    def load(cls, run_dir, **overrides) -> "Trainer":
+    def load(cls, run_dir, cfg: Config | None = None, **overrides) -> "Trainer":
+        """Resume from run_dir; cfg (already loaded from it) saves reading config.json again."""
         run_dir = Path(run_dir)
         if not run_dir.is_dir():
             raise CheckpointError(f"checkpoint directory {run_dir} does not exist")
-        cfg = load_config(run_dir)
+        cfg = cfg if cfg is not None else load_config(run_dir)
         if overrides:
             cfg = cfg.replace(**overrides)
         state = read_json(run_dir / "state.json")
