@@ -453,20 +453,27 @@ def scramble_into(states, depths, moves, n_actions, rng, no_undo, record):
     if keep:
         record[:] = -1
     for i in range(n):
-        prev = -1
-        for t in range(depths[i]):
-            while True:
-                a = below(rng, n_actions)
-                if not no_undo or prev < 0 or a != inverse_of(prev):
-                    break
-            perm = moves[a]
-            for j in range(s):
-                tmp[j] = states[i, perm[j]]
-            for j in range(s):
-                states[i, j] = tmp[j]
-            if keep:
-                record[i, t] = a
-            prev = a
+        scramble_row(states[i], depths[i], moves, n_actions, rng, no_undo, tmp, record[i], keep)
+
+
+@njit(cache=True)
+def scramble_row(row, depth, moves, n_actions, rng, no_undo, tmp, record_row, keep):
+    """Apply `depth` random actions to one (S,) state in place; tmp is (S,) scratch."""
+    s = row.shape[0]
+    prev = -1
+    for t in range(depth):
+        while True:
+            a = below(rng, n_actions)
+            if not no_undo or prev < 0 or a != inverse_of(prev):
+                break
+        perm = moves[a]
+        for j in range(s):
+            tmp[j] = row[perm[j]]
+        for j in range(s):
+            row[j] = tmp[j]
+        if keep:
+            record_row[t] = a
+        prev = a
 
 
 @njit(cache=True)

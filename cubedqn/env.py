@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cube import scramble_into, solved_row
+from .cube import scramble_row, solved_row
 from .rng import below, uniform
 
 
@@ -23,19 +23,17 @@ from .rng import below, uniform
 def reset_envs(states, mask, solved_state, depth_lo, depth_hi, moves, n_actions, rng, ep_steps, hist_len):
     """Re-scramble envs where mask[i]: depth uniform in [lo, hi], never an already solved cube."""
     n, s = states.shape
-    one = np.empty((1, s), np.uint8)
-    depth = np.empty(1, np.int64)
-    rec = np.empty((1, 0), np.int8)
+    tmp = np.empty(s, np.uint8)
+    no_record = np.empty(0, np.int8)
     for i in range(n):
         if not mask[i]:
             continue
         while True:
-            one[0] = solved_state
-            depth[0] = depth_lo + below(rng, depth_hi - depth_lo + 1)
-            scramble_into(one, depth, moves, n_actions, rng, True, rec)
-            if not solved_row(one[0]):
+            states[i] = solved_state
+            depth = depth_lo + below(rng, depth_hi - depth_lo + 1)
+            scramble_row(states[i], depth, moves, n_actions, rng, True, tmp, no_record, False)
+            if not solved_row(states[i]):
                 break
-        states[i] = one[0]
         ep_steps[i] = 0
         hist_len[i] = 0
 

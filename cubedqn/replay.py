@@ -72,6 +72,17 @@ def tree_set(tree, cap2, idx, values):
 
 
 @njit(cache=True)
+def tree_fill_ring(tree, cap2, start, count, capacity, value):
+    """Set leaves start, start+1, ... (count of them, wrapping at capacity) to value."""
+    for k in range(count):
+        j = (start + k) % capacity + cap2
+        delta = value - tree[j]
+        while j >= 1:
+            tree[j] += delta
+            j //= 2
+
+
+@njit(cache=True)
 def tree_find(tree, cap2, mass):
     """Leaf index i such that the prefix sum of leaves before i <= mass < prefix incl. i."""
     j = 1
@@ -139,7 +150,6 @@ class ReplayBuffer:
         self.cap2 = 1 << max(0, (capacity - 1).bit_length())
         self.tree = np.zeros(2 * self.cap2 if prioritized else 0, np.float64)
         self.max_priority = 1.0
-        self._new_idx = np.zeros(0, np.int64)
 
     @property
     def nbytes_per_transition(self):
@@ -160,14 +170,8 @@ class ReplayBuffer:
         self.records[self.pos:self.pos + first] = records[:first]
         if first < count:
             self.records[:count - first] = records[first:count]
-        if self.prioritized:
-            if self._new_idx.shape[0] < count:
-                self._new_idx = np.zeros(count, np.int64)
-                self._new_pri = np.zeros(count, np.float64)
-            idx = self._new_idx[:count]
-            idx[:] = (self.pos + np.arange(count)) % self.capacity
-            self._new_pri[:count] = self.max_priority ** self.alpha
-            tree_set(self.tree, self.cap2, idx, self._new_pri[:count])
+        if self.prioritized:  # new transitions get the highest priority seen so far
+            tree_fill_ring(self.tree, self.cap2, self.pos, count, self.capacity, self.max_priority ** self.alpha)
         self.pos = (self.pos + count) % self.capacity
         self.size = min(self.size + count, self.capacity)
 

@@ -14,7 +14,7 @@ from cubedqn.env import VecEnv
 from cubedqn.encoding import Encoder
 from cubedqn.learner import Learner, all_action_targets, sampled_targets
 from cubedqn.nn import Layout
-from cubedqn.replay import Batch, ReplayBuffer, tree_find, tree_set
+from cubedqn.replay import Batch, ReplayBuffer, tree_fill_ring, tree_find, tree_set
 from cubedqn.rng import make_rng
 
 P2 = get_puzzle("cube2")
@@ -84,6 +84,11 @@ def test_sum_tree_matches_numpy_prefix_sums():
         assert tree_find(tree, cap2, m) == int(np.searchsorted(cum, m, side="right"))
     tree_set(tree, cap2, np.array([3]), np.array([0.0]))
     pri[3] = 0
+    assert tree[1] == pytest.approx(pri.sum())
+    # a ring range that wraps: leaves 11, 12, 0, 1 of a 13-slot buffer
+    tree_fill_ring(tree, cap2, 11, 4, 13, 0.5)
+    pri[[11, 12, 0, 1]] = 0.5
+    np.testing.assert_allclose(tree[cap2:cap2 + 13], pri)
     assert tree[1] == pytest.approx(pri.sum())
 
 
