@@ -22,6 +22,8 @@ Conventions (shared by everything downstream):
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -212,6 +214,62 @@ def get_puzzle(name: str) -> Puzzle:
                 p.corner_colours, p.edge_colours, p.corner_lookup):
         arr.setflags(write=False)
     return p
+
+
+@lru_cache(maxsize=None)
+def symmetries(name: str):
+    """The 48 symmetries of the cube (24 rotations x mirror) as (perm, colour_map, move_map).
+
+    Conjugating a state by symmetry k: new = colour_map[k][state[perm[k]]], i.e. every
+    sticker is carried to its image and every colour renamed to the face that face was
+    carried to. The solved cube maps to itself and distances to it are preserved.
+    move_map[k, a] is the move playing the role of move a in the conjugated cube:
+    conj(s . a) == conj(s) . move_map[k, a] (mirrors turn clockwise into anticlockwise).
+    [0] is the identity and [0:6] are the axis permutations, the symmetries that keep the
+    DBL corner (the 2x2x2 canonical frame) in place; the other 42 follow.
+    """
+    puzzle = get_puzzle(name)
+    n = puzzle.n
+    pos, nrm = _sticker_geometry(n)
+    index = {(tuple(p), tuple(q)): i for i, (p, q) in enumerate(zip(pos, nrm))}
+    face_of = {tuple(_vec(f)): c for c, f in enumerate(FACES)}
+    mats = []
+    for axes in itertools.permutations(range(3)):
+        for signs in itertools.product((1, -1), repeat=3):
+            m = np.zeros((3, 3), np.int64)
+            for r in range(3):
+                m[r, axes[r]] = signs[r]
+            mats.append(m)
+    # identity first, then the other sign-free permutations, then the rest
+    mats.sort(key=lambda m: (int((m < 0).any()), not np.array_equal(m, np.eye(3, dtype=np.int64))))
+    perms, cmaps, mmaps = [], [], []
+    for m in mats:
+        perm = np.zeros(len(pos), np.int64)
+        for i, (p, q) in enumerate(zip(pos, nrm)):
+            perm[index[(tuple(m @ p), tuple(m @ q))]] = i   # new[j] = old[perm[j]]
+        cmap = np.array([face_of[tuple(m @ _vec(f))] for f in FACES], np.int64)
+        mmap = np.zeros(len(puzzle.moves), np.int64)
+        for a, mv in enumerate(puzzle.moves.astype(np.int64)):
+            hits = [b for b, mb in enumerate(puzzle.moves.astype(np.int64))
+                    if np.array_equal(perm[mb], mv[perm])]
+            assert len(hits) == 1
+            mmap[a] = hits[0]
+        perms.append(perm)
+        cmaps.append(cmap)
+        mmaps.append(mmap)
+    out = (np.array(perms, np.int64), np.array(cmaps, np.uint8), np.array(mmaps, np.int64))
+    for arr in out:
+        arr.setflags(write=False)
+    return out
+
+
+@njit(cache=True)
+def conjugate_states(states, perm, colour_map, out):
+    """out[i] = colour_map[states[i][perm]]: every state seen through one symmetry."""
+    n, s = states.shape
+    for i in range(n):
+        for j in range(s):
+            out[i, j] = colour_map[states[i, perm[j]]]
 
 
 def check_metric(metric: str) -> int:

@@ -206,3 +206,34 @@ def test_oracle_distances_agree_with_scrambles_in_any_orientation(tmp_path, monk
     # Decode/encode round trip over random indices.
     idx = rng.integers(0, 3674160, 1000)
     assert np.array_equal(oracle.indices(decode_states(idx)), idx)
+
+
+@pytest.mark.parametrize("name", ["cube2", "cube3"])
+def test_symmetries_are_a_group_that_conjugates_moves(name):
+    from cubedqn.cube import conjugate_states, symmetries
+    p = get_puzzle(name)
+    perm, cmap, mmap = symmetries(name)
+    assert len({x.tobytes() for x in perm}) == 48
+    assert np.array_equal(perm[0], np.arange(p.n_stickers)) and np.array_equal(mmap[0], np.arange(18))
+    keys = {(perm[k].tobytes(), cmap[k].tobytes()) for k in range(48)}
+    rng = np.random.default_rng(0)
+    s = np.stack([apply_moves(p, p.solved, rng.integers(0, 18, 25)) for _ in range(3)])
+    dbl = set(p.corner_facelets[6].tolist())
+    for k in range(48):
+        def conj(x, k=k):
+            return cmap[k][x[..., perm[k]]]
+        assert np.array_equal(conj(p.solved), p.solved)
+        out = np.empty_like(s)
+        conjugate_states(s, perm[k], cmap[k], out)
+        assert np.array_equal(out, conj(s))
+        # conj(s . a) == conj(s) . move_map[a]; quarter turns stay quarter turns
+        assert sorted(mmap[k].tolist()) == list(range(18)) and (mmap[k, :12] < 12).all()
+        for a in range(18):
+            assert np.array_equal(conj(s[:, p.moves[a]]), conj(s)[:, p.moves[mmap[k, a]]])
+        # closed under composition: conj_j(conj_k(x)) is again one of the 48
+        j = (k * 7 + 3) % 48
+        assert (perm[k][perm[j]].tobytes(), cmap[j][cmap[k]].tobytes()) in keys
+        # the first six keep the DBL corner's stickers on that corner
+        assert (set(perm[k][list(dbl)].tolist()) == dbl) == (k < 6)
+    # a mirror turns a clockwise quarter turn into an anticlockwise one
+    assert any(mmap[k, 0] % 2 == 1 for k in range(48))
