@@ -29,7 +29,7 @@ from numba import njit
 from .cube import expand_children, solved_batch
 from .encoding import Encoder, actions_to_canonical, rows_to_canonical
 from .nn import (LOSSES, MLP, Layout, dense_backward, dueling_backward, loss_full, loss_taken,
-                 mlp_backward, mlp_forward, sparse_backward, views)
+                 mlp_backward, mlp_backward_upper, mlp_forward, sparse_backward, sparse_backward_rows, views)
 from .optim import Optimizer, add_into, polyak_update
 
 TARGETS = ("dqn", "double", "all-actions")
@@ -96,19 +96,21 @@ class Learner:
     def __init__(self, layout: Layout, moves: np.ndarray, batch_size: int, encoder: Encoder, targets="double",
                  gamma=0.99, loss="huber", optimizer="adam", seed=0, dtype=np.float32,
                  sparse=True, grad_accum=1, lomo=False, target_update_interval=1000, tau=1.0,
-                 **opt_kwargs):
+                 sparse_update=False, **opt_kwargs):
         if targets not in TARGETS:
             raise ValueError(f"unknown targets '{targets}' (expected one of: {', '.join(TARGETS)})")
         if batch_size % grad_accum:
             raise ValueError(f"batch_size {batch_size} is not divisible by grad_accum {grad_accum}")
         if lomo and grad_accum > 1:
             raise ValueError("lomo cannot be combined with grad_accum > 1 (there is no gradient to accumulate)")
+        if sparse_update and (not sparse or lomo or grad_accum > 1):
+            raise ValueError("sparse_update needs the sparse first layer, without lomo or grad_accum > 1")
         if lomo and opt_kwargs.get("clip", "global") == "global":
             opt_kwargs["clip"] = "layer"  # the documented LOMO clipping rule
         self.layout, self.moves, self.targets, self.encoder = layout, moves, targets, encoder
         self.batch_size, self.gamma, self.loss_kind = batch_size, gamma, LOSSES[loss]
         self.dtype = np.dtype(dtype)
-        self.grad_accum, self.lomo = grad_accum, lomo
+        self.grad_accum, self.lomo, self.sparse_update = grad_accum, lomo, sparse_update
         self.target_update_interval, self.tau = target_update_interval, tau
         self.n_actions = layout.n_actions
         self.online = MLP(layout, seed=seed, dtype=dtype, sparse=sparse)
@@ -139,6 +141,10 @@ class Learner:
         self.rot_scratch = np.zeros(target_rows, np.int64)
         self.actions_c = np.zeros(micro, np.int64)      # taken actions in the canonical frame
         self.Yc = np.zeros((micro, self.n_actions), self.dtype)
+        # lazy first-layer update: the rows of W1 the last batch touched (see nn.sparse_backward_rows)
+        self.row_mark = np.zeros(layout.in_dim if sparse_update else 0, np.uint8)
+        self.touched = np.zeros(micro * layout.n_active if sparse_update else 0, np.int64)
+        self.n_touched = 0
         self.updates = 0
         self.last_loss = 0.0
         self.last_mean_q = 0.0
@@ -165,6 +171,14 @@ class Learner:
                     timer.add("backward", t2 - t1)
                 t = t2
                 break
+            if self.sparse_update:
+                mlp_backward_upper(self.online.Ws, self.ws.acts, self.ws.deltas, self.gWs, self.gbs, m)
+                self.n_touched = sparse_backward_rows(self.ws.idx[:m], self.ws.deltas[0][:m], self.gWs[0],
+                                                      self.gbs[0], self.row_mark, self.touched, self.n_touched)
+                t = clock()
+                if timer:
+                    timer.add("backward", t - t1)
+                break
             gW, gb = (self.gWs, self.gbs) if k == 0 else (self.tWs, self.tbs)
             mlp_backward(self.ws.idx, self.ws.x, self.online.sparse, self.online.Ws, self.ws.acts,
                          self.ws.deltas, gW, gb, m)
@@ -173,7 +187,11 @@ class Learner:
             t = clock()
             if timer:
                 timer.add("backward", t - t1)
-        if not self.lomo:
+        if self.sparse_update:
+            h1 = self.layout.widths[1]
+            self.opt.step_rows(self.online.params, self.grads, self.touched, self.n_touched, h1,
+                               self.layout.in_dim * h1)
+        elif not self.lomo:
             self.opt.step(self.online.params, self.grads)
         self.updates += 1
         t2 = clock()

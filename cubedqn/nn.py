@@ -173,6 +173,39 @@ def sparse_backward(idx, dout, dW, db):
 
 
 @njit(cache=True, error_model="numpy")
+def sparse_backward_rows(idx, dout, dW, db, mark, touched, n_prev):
+    """sparse_backward for lazy updates: dW stays zero outside the rows this batch touched.
+
+    Instead of zeroing all of dW (in,H), clears the n_prev rows listed by the previous call,
+    then scatter-adds and lists this batch's distinct rows in touched[:n] (first-use order);
+    returns n. mark (in,) uint8 is all zero between calls. Cost scales with the batch, not
+    with the input width, which is what makes wide sparse inputs (e.g. slot pairs) cheap.
+    """
+    n, s = idx.shape
+    h = dout.shape[1]
+    for k in range(n_prev):
+        dW[touched[k]] = 0
+    db[:] = 0
+    n_rows = 0
+    for i in range(n):
+        d = dout[i]
+        for j in range(h):
+            db[j] += d[j]
+        for k in range(s):
+            r = idx[i, k]
+            if mark[r] == 0:
+                mark[r] = 1
+                touched[n_rows] = r
+                n_rows += 1
+            w = dW[r]
+            for j in range(h):
+                w[j] += d[j]
+    for k in range(n_rows):
+        mark[touched[k]] = 0
+    return n_rows
+
+
+@njit(cache=True, error_model="numpy")
 def dense_forward(x, W, b, out, relu):
     """x (B,in), W (in,out), b (out,) -> out (B,out) = x @ W + b, then ReLU if relu."""
     np.dot(x, W, out)
@@ -247,15 +280,21 @@ def mlp_forward(idx, x, sparse, Ws, bs, acts, rows):
 
 
 @njit(cache=True, error_model="numpy")
+def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
+    """Backward through layers L-1 .. 1, leaving dLoss/d(first layer output) in deltas[0]."""
+    L = len(Ws)
+    for l in range(L - 1, 0, -1):
+        dense_backward(acts[l - 1][:rows], deltas[l][:rows], Ws[l], dWs[l], dbs[l],
+                       deltas[l - 1][:rows], True)
+
+
+@njit(cache=True, error_model="numpy")
 def mlp_backward(idx, x, sparse, Ws, acts, deltas, dWs, dbs, rows):
     """Backward from deltas[-1] (dLoss/dhead, first `rows` rows) into dWs/dbs.
 
     Overwrites the gradient buffers (no accumulation); uses deltas[:-1] as scratch.
     """
-    L = len(Ws)
-    for l in range(L - 1, 0, -1):
-        dense_backward(acts[l - 1][:rows], deltas[l][:rows], Ws[l], dWs[l], dbs[l],
-                       deltas[l - 1][:rows], True)
+    mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows)
     if sparse:
         sparse_backward(idx[:rows], deltas[0][:rows], dWs[0], dbs[0])
     else:

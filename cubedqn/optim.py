@@ -95,6 +95,43 @@ def adam_update(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
         p[i] -= step * mi / (np.sqrt(vi * inv_bc2) + eps)
 
 
+# Row-sparse ("lazy") versions for the sparse first layer: only the rows a batch touched
+# (touched[:n], each `width` long, starting at offset 0 of the flat buffer) are read and
+# updated. For SGD without weight decay this equals the dense update exactly (other rows
+# have zero gradient); momentum and Adam leave untouched rows and their moments alone
+# (TensorFlow's LazyAdam, PyTorch's SparseAdam semantics).
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def sq_norm_rows(g, touched, n, width):
+    total = 0.0
+    for k in range(n):
+        lo = touched[k] * width
+        total += sq_norm(g[lo:lo + width])
+    return total
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def sgd_update_rows(p, g, touched, n, width, scale, lr, wd):
+    for k in range(n):
+        lo = touched[k] * width
+        sgd_update(p[lo:lo + width], g[lo:lo + width], scale, lr, wd)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def momentum_update_rows(p, g, buf, touched, n, width, scale, lr, mu, nesterov, wd):
+    for k in range(n):
+        lo = touched[k] * width
+        momentum_update(p[lo:lo + width], g[lo:lo + width], buf[lo:lo + width], scale, lr, mu, nesterov, wd)
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def adam_update_rows(p, g, m, v, touched, n, width, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
+    for k in range(n):
+        lo = touched[k] * width
+        adam_update(p[lo:lo + width], g[lo:lo + width], m[lo:lo + width], v[lo:lo + width], scale, lr,
+                    b1, b2, eps, bc1, bc2, wd, decoupled)
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
 def polyak_update(target, online, tau):
     """target = (1 - tau) * target + tau * online."""
@@ -171,6 +208,35 @@ class Optimizer:
         if self.clip == "global" and self.max_grad_norm > 0 and norm > self.max_grad_norm:
             scale = self.max_grad_norm / (norm + 1e-6)
         self._update(params, grads, 0, params.shape[0], scale)
+        self.last_norm = norm
+        return norm
+
+    def step_rows(self, params: np.ndarray, grads: np.ndarray, touched, n, width, dense_from) -> float:
+        """step() with a row-sparse head: only rows touched[:n] of params[:dense_from]
+        (rows of `width` values) are read and updated; params[dense_from:] densely.
+
+        The global norm is exact because the other rows' gradients are zero (the caller's
+        invariant, see nn.sparse_backward_rows). Per-layer clipping is not supported here.
+        """
+        if self.clip == "layer":
+            raise ValueError("row-sparse updates support clip = global or none, not layer")
+        self.begin_step()
+        norm = math.sqrt(sq_norm_rows(grads, touched, n, width) + sq_norm(grads[dense_from:]))
+        scale = 1.0
+        if self.clip == "global" and self.max_grad_norm > 0 and norm > self.max_grad_norm:
+            scale = self.max_grad_norm / (norm + 1e-6)
+        f = self.dtype.type
+        lr, wd, sc = f(self.lr), f(self.weight_decay), f(scale)
+        if self.kind == "sgd":
+            sgd_update_rows(params, grads, touched, n, width, sc, lr, wd)
+        elif self.kind in ("momentum", "nesterov"):
+            momentum_update_rows(params, grads, self.m, touched, n, width, sc, lr, f(self.momentum),
+                                 self.kind == "nesterov", wd)
+        else:
+            b1, b2 = self.betas
+            adam_update_rows(params, grads, self.m, self.v, touched, n, width, sc, lr, f(b1), f(b2),
+                             f(self.eps), f(1 - b1 ** self.t), f(1 - b2 ** self.t), wd, self.kind == "adamw")
+        self._update(params, grads[dense_from:], dense_from, params.shape[0], scale)
         self.last_norm = norm
         return norm
 

@@ -195,3 +195,70 @@ def test_lr_schedules():
     assert schedule_lr("cosine", 0.1, 0.0, 50, 101) == pytest.approx(0.05)
     assert schedule_lr("cosine", 0.1, 0.01, 100, 101) == pytest.approx(0.01)
     assert schedule_lr("cosine", 0.1, 0.01, 500, 101) == pytest.approx(0.01)  # past the end: final value
+
+
+def test_sparse_backward_rows_matches_dense_scatter_and_lists_rows():
+    from cubedqn.nn import sparse_backward, sparse_backward_rows
+    rng = np.random.default_rng(0)
+    in_dim, h = 50, 6
+    dW, db = np.zeros((in_dim, h)), np.zeros(h)
+    dW_ref, db_ref = np.zeros((in_dim, h)), np.zeros(h)
+    mark, touched, n = np.zeros(in_dim, np.uint8), np.zeros(8 * 3, np.int64), 0
+    for _ in range(3):  # the previous call's rows must be cleared
+        idx = rng.integers(0, in_dim, (8, 3)).astype(np.int32)
+        dout = rng.normal(size=(8, h))
+        n = sparse_backward_rows(idx, dout, dW, db, mark, touched, n)
+        sparse_backward(idx, dout, dW_ref, db_ref)
+        np.testing.assert_array_equal(dW, dW_ref)
+        np.testing.assert_array_equal(db, db_ref)
+        assert sorted(touched[:n].tolist()) == sorted(set(idx.ravel().tolist()))
+        assert not mark.any()
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "adam", "adamw"])
+def test_row_sparse_update_is_lazy_version_of_dense(kind):
+    """Rows with no gradient are left alone (params and moments); touched rows and the
+    dense tail get exactly the dense update. For SGD without decay that is the dense step."""
+    layout = Layout(in_dim=40, n_active=3, hidden=(5,), n_actions=4)
+    rng = np.random.default_rng(1)
+    width, dense_from = 5, 40 * 5
+    p = rng.normal(size=layout.size)
+    p_dense = p.copy()
+    wd = 0.0 if kind == "sgd" else 0.01
+    kw = dict(lr=0.05, weight_decay=wd, max_grad_norm=1.0)
+    opt = Optimizer(kind, layout.size, np.float64, layer_slices(layout), **kw)
+    opt_dense = Optimizer(kind, layout.size, np.float64, layer_slices(layout), **kw)
+    for _ in range(4):
+        rows = np.unique(rng.integers(0, 40, 6))
+        g = np.zeros(layout.size)
+        for r in rows:
+            g[r * width:(r + 1) * width] = rng.normal(0, 2, width)
+        g[dense_from:] = rng.normal(0, 2, layout.size - dense_from)
+        before, m_before = p.copy(), opt.m.copy()
+        norm = opt.step_rows(p, g, rows.astype(np.int64), len(rows), width, dense_from)
+        assert norm == pytest.approx(np.sqrt((g ** 2).sum()), rel=1e-12)  # clipping sees the full norm
+        if kind == "sgd":
+            opt_dense.step(p_dense, g)
+            np.testing.assert_allclose(p, p_dense, rtol=1e-13, atol=1e-15)
+        # untouched rows keep their parameters and moments
+        untouched = np.setdiff1d(np.arange(40), rows)
+        for r in untouched:
+            sl = slice(r * width, (r + 1) * width)
+            assert np.array_equal(p[sl], before[sl]) and np.array_equal(opt.m[sl], m_before[sl])
+        assert not np.array_equal(p[dense_from:], before[dense_from:])
+    with pytest.raises(ValueError, match="layer"):
+        Optimizer("sgd", layout.size, np.float64, layer_slices(layout), clip="layer").step_rows(
+            p, g, rows.astype(np.int64), len(rows), width, dense_from)
+
+
+def test_learner_sparse_update_equals_dense_for_sgd():
+    from cubedqn.config import Config
+    from cubedqn.dqn import Trainer
+    base = dict(hidden=(16, 8), n_envs=8, batch_size=8, learning_starts=16, buffer_size=500, steps=6,
+                optimizer="sgd", learning_rate=0.05, targets="all-actions", input_encoding="pairs", seed=3)
+    runs = [Trainer(Config(**base, sparse_update=flag)) for flag in (False, True)]
+    for tr in runs:
+        tr.run()
+    assert runs[1].learner.updates == 6
+    np.testing.assert_allclose(runs[1].learner.online.params, runs[0].learner.online.params,
+                               rtol=1e-6, atol=1e-7)

@@ -108,6 +108,8 @@ class CudaLearner(Learner):
             raise ValueError("--device cuda does not support dueling heads yet")
         if kw.get("lomo") or kw.get("grad_accum", 1) > 1:
             raise ValueError("--device cuda does not support lomo or grad_accum > 1")
+        if kw.get("sparse_update"):
+            raise ValueError("--device cuda does not support sparse_update (use --no-sparse-update)")
         if np.dtype(kw.get("dtype", np.float32)) != np.float32:
             raise ValueError("--device cuda runs float32 only")
         if not kw.get("sparse", True):
