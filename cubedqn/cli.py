@@ -74,7 +74,9 @@ HELP = {
     "hidden": "hidden layer widths, e.g. 256,256",
     "dueling": "dueling Q head", "sparse_input": "sparse one-hot first layer (gather/scatter)",
     "canonical_input": "2x2x2: canonicalise orientation (fix the DBL corner) before the network",
-    "input_encoding": "stickers, or cubies (2x2x2: which cubie and twist in each corner slot)",
+    "input_symmetry": "2x2x2: 1, 6 or 48: encode each position as the smallest of its images under the 6 "
+                      "symmetries that keep the DBL corner home or under all 48 (needs canonical_input)",
+    "input_encoding": "stickers, cubies (2x2x2: which cubie and twist in each corner slot) or pairs (2x2x2: one input per pair of corner slots)",
     "precision": "float32 or float64", "n_envs": "cubes stepped together",
     "max_episode_moves": "moves before an episode is truncated", "gamma": "discount",
     "exploration_initial_eps": "initial epsilon", "exploration_final_eps": "final epsilon",
@@ -94,7 +96,9 @@ HELP = {
     "lr_schedule": "constant, linear or cosine", "lr_final": "final learning rate of a schedule",
     "momentum": "momentum", "weight_decay": "weight decay", "max_grad_norm": "gradient clipping norm",
     "clip": "global, layer or none", "loss": "huber or mse", "grad_accum": "micro-batches per update",
-    "lomo": "update each layer during backward (LOMO)", "log_interval": "gradient steps between log lines",
+    "lomo": "update each layer during backward (LOMO)",
+    "sparse_update": "update only the first-layer rows of inputs present in the batch (lazy Adam/momentum)",
+    "log_interval": "gradient steps between log lines",
     "checkpoint_interval": "gradient steps between checkpoints (0: end only)",
     "save_replay": "save replay buffer and envs with checkpoints (exact resume)",
 }
@@ -219,7 +223,7 @@ def make_trainer(cfg, device, resume=None):
 @click.option("--profile", "profile", default=None, help="preset name or TOML path (default: the preset named after --puzzle, else cube2)")
 @click.option("--puzzle", default=None, help="cube2 or cube3")
 @click.option("--hidden", default=None, help="hidden widths, e.g. 256,256")
-@click.option("--input-encoding", default=None, help="stickers or cubies (cube2)")
+@click.option("--input-encoding", default=None, help="stickers, cubies or pairs (cube2)")
 @click.option("--batch-size", type=int, default=None, help="batch size")
 @click.option("--targets", default=None, help="dqn, double or all-actions")
 @click.option("--optimizer", default=None, help="optimizer")
@@ -275,6 +279,15 @@ def check_search(search, beam_width, max_moves):
         raise UserError(f"--max-moves must be positive, got {max_moves}")
 
 
+VIEWS_HELP = ("average the network over this many cube symmetries (1-48; 6 keep the 2x2x2's fixed "
+              "corner in place, 48 = all rotations and mirrors); costs that many forward passes")
+
+
+def check_views(views):
+    if not 1 <= views <= 48:
+        raise UserError(f"--views must be between 1 and 48, got {views}")
+
+
 @main.command("eval")
 @click.option("--checkpoint", required=True, type=click.Path(), help="run directory")
 @click.option("--depths", default=None, help="scramble depths, e.g. 1-14 (default 1-14 cube2, 1-20 cube3)")
@@ -283,17 +296,19 @@ def check_search(search, beam_width, max_moves):
 @click.option("--search", default="greedy", show_default=True, help="greedy or beam")
 @click.option("--beam-width", type=int, default=64, show_default=True)
 @click.option("--max-moves", type=int, default=30, show_default=True, help="move limit per cube")
+@click.option("--views", type=int, default=1, show_default=True, help=VIEWS_HELP)
 @click.option("--seed", type=int, default=12345, show_default=True, help="seed of the test cubes")
 @click.option("--threads", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves, seed, threads, as_json):
+def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves, views, seed, threads, as_json):
     """Solve rate, solution length and time per cube, by depth or on random positions."""
     from .dqn import eval_states, load_policy
     from .search import solve_many
     check_search(search, beam_width, max_moves)
+    check_views(views)
     if n <= 0 or random_states < 0:
         raise UserError("--n must be positive and --random-states >= 0")
-    cfg, policy = load_policy(checkpoint)
+    cfg, policy = load_policy(checkpoint, views)
     puzzle = get_puzzle(cfg.puzzle)
     n_actions = METRICS[cfg.metric]
     rows = []
@@ -328,7 +343,7 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
     secs = np.concatenate(all_time)
     result = {"checkpoint": str(checkpoint), "puzzle": cfg.puzzle, "metric": cfg.metric, "search": search,
               "beam_width": beam_width if search == "beam" else None, "max_moves": max_moves,
-              "rows": rows, "n": int(len(ok)), "solved_frac": float(ok.mean()),
+              "views": views, "rows": rows, "n": int(len(ok)), "solved_frac": float(ok.mean()),
               "mean_length": float(lengths[ok].mean()) if ok.any() else None,
               "median_seconds": float(np.median(secs))}
     if random_states:
@@ -350,7 +365,8 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
         line += f", mean length {result['mean_length']:.2f}"
     if random_states:
         line += f", optimal {result['optimal_frac']:.3f}, mean optimal length {result['mean_optimal_length']:.2f}"
-    click.echo(line + f", median {result['median_seconds'] * 1e3:.2f} ms per cube ({search})")
+    views_note = f", {views} symmetry views" if views > 1 else ""
+    click.echo(line + f", median {result['median_seconds'] * 1e3:.2f} ms per cube ({search}{views_note})")
 
 
 @main.command()
@@ -360,15 +376,17 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
 @click.option("--search", default="beam", show_default=True, help="greedy or beam")
 @click.option("--beam-width", type=int, default=256, show_default=True)
 @click.option("--max-moves", type=int, default=40, show_default=True)
+@click.option("--views", type=int, default=1, show_default=True, help=VIEWS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def solve(checkpoint, scramble, facelets, search, beam_width, max_moves, as_json):
+def solve(checkpoint, scramble, facelets, search, beam_width, max_moves, views, as_json):
     """Solve one cube with the trained network and verify the solution."""
     from .dqn import load_policy
     from .search import solve_many
     check_search(search, beam_width, max_moves)
+    check_views(views)
     if (scramble is None) == (facelets is None):
         raise UserError("give exactly one of --scramble or --facelets")
-    cfg, policy = load_policy(checkpoint)
+    cfg, policy = load_policy(checkpoint, views)
     puzzle = get_puzzle(cfg.puzzle)
     if facelets is not None:
         state = from_facelets(puzzle, facelets)

@@ -37,7 +37,8 @@ class Config:
     dueling: bool = False
     sparse_input: bool = True
     canonical_input: bool = True          # 2x2x2: turn each cube to a fixed orientation first
-    input_encoding: str = "stickers"      # stickers | cubies (2x2x2: slot -> cubie + twist)
+    input_symmetry: int = 1               # 2x2x2: 1, 6 or 48 symmetric images of a position share one input
+    input_encoding: str = "stickers"      # stickers | cubies (2x2x2: slot -> cubie + twist) | pairs
     precision: str = "float32"
     # environments and exploration
     n_envs: int = 64
@@ -80,6 +81,7 @@ class Config:
     loss: str = "huber"
     grad_accum: int = 1
     lomo: bool = False
+    sparse_update: bool = False           # lazy first-layer update: only rows of inputs in the batch
     # run control
     steps: int = 10_000                   # gradient steps
     minutes: float = 0.0                  # wall-clock limit (0: none); whichever comes first
@@ -162,10 +164,15 @@ def _check(cond, msg):
 def validate(c: Config) -> Config:
     _check(c.puzzle in PUZZLES, f"unknown puzzle '{c.puzzle}' (expected cube2 or cube3)")
     _check(c.metric in METRICS, f"unknown metric '{c.metric}' (expected qtm or htm)")
-    _check(c.input_encoding in ("stickers", "cubies"),
-           f"unknown input_encoding '{c.input_encoding}' (expected stickers or cubies)")
+    _check(c.input_encoding in ("stickers", "cubies", "pairs"),
+           f"unknown input_encoding '{c.input_encoding}' (expected stickers, cubies or pairs)")
     _check(c.input_encoding == "stickers" or (c.puzzle == "cube2" and c.sparse_input),
-           "input_encoding = cubies needs puzzle cube2 and sparse_input")
+           f"input_encoding = {c.input_encoding} needs puzzle cube2 and sparse_input")
+    _check(c.input_symmetry in (1, 6, 48), f"input_symmetry must be 1, 6 or 48, got {c.input_symmetry}")
+    _check(c.input_symmetry == 1 or (c.puzzle == "cube2" and c.canonical_input),
+           "input_symmetry 6 or 48 needs puzzle cube2 and canonical_input = true")
+    _check(c.input_encoding != "pairs" or c.canonical_input,
+           "input_encoding = pairs needs canonical_input = true")
     _check(c.precision in ("float32", "float64"), f"precision must be float32 or float64, got '{c.precision}'")
     for name in ("n_envs", "max_episode_moves", "buffer_size", "batch_size", "train_freq",
                  "gradient_steps", "target_update_interval", "n_step", "grad_accum", "threads",
@@ -195,6 +202,8 @@ def validate(c: Config) -> Config:
     _check(c.batch_size % c.grad_accum == 0,
            f"batch_size {c.batch_size} must be divisible by grad_accum {c.grad_accum}")
     _check(not (c.lomo and c.grad_accum > 1), "lomo cannot be combined with grad_accum > 1")
+    _check(not c.sparse_update or (c.sparse_input and not c.lomo and c.grad_accum == 1 and c.clip != "layer"),
+           "sparse_update needs sparse_input, clip = global or none, and no lomo or grad_accum > 1")
     _check(not (c.lomo and c.clip == "global"),
            "lomo needs clip = layer or none (the global norm is unknown while layers are updated)")
     _check(c.n_step <= 32, f"n_step must be <= 32, got {c.n_step}")

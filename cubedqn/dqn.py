@@ -50,7 +50,7 @@ class TrainingDiverged(RuntimeError):
 def make_encoder(cfg: Config) -> Encoder:
     try:
         return Encoder(get_puzzle(cfg.puzzle), METRICS[cfg.metric], cfg.canonical_input, cfg.sparse_input,
-                       cfg.input_encoding)
+                       cfg.input_encoding, cfg.input_symmetry)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -86,7 +86,8 @@ class Trainer:
         self.learner = self.learner_class(
             self.layout, self.moves, cfg.batch_size, self.encoder, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
             optimizer=cfg.optimizer, seed=cfg.seed, dtype=dtype, sparse=cfg.sparse_input,
-            grad_accum=cfg.grad_accum, lomo=cfg.lomo, target_update_interval=cfg.target_update_interval,
+            grad_accum=cfg.grad_accum, lomo=cfg.lomo, sparse_update=cfg.sparse_update,
+            target_update_interval=cfg.target_update_interval,
             tau=cfg.tau, lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm, clip=cfg.clip, schedule=cfg.lr_schedule,
             lr_final=cfg.lr_final, total_steps=max(cfg.steps, 1))
@@ -318,8 +319,11 @@ def load_config(run_dir) -> Config:
         raise CheckpointError(f"checkpoint config is invalid: {e}") from None
 
 
-def load_policy(run_dir):
-    """(config, Policy) from a run directory, for eval and solve; no optimizer or replay."""
+def load_policy(run_dir, views=1):
+    """(config, Policy) from a run directory, for eval and solve; no optimizer or replay.
+
+    views > 1 averages the network over that many cube symmetries (encoding.Policy).
+    """
     from .nn import MLP
     cfg = load_config(run_dir)
     encoder = make_encoder(cfg)
@@ -334,4 +338,4 @@ def load_policy(run_dir):
               sparse=cfg.sparse_input)
     if not all_finite(net.params):
         raise CheckpointError(f"{run_dir}/model.npz holds NaN/Inf parameters")
-    return cfg, Policy(net, encoder)
+    return cfg, Policy(net, encoder, views=views)

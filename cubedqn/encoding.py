@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cube import encode_index, encode_onehot
+from .cube import conjugate_states, encode_index, encode_onehot, symmetries
 
 
 @njit(cache=True)
@@ -35,39 +35,50 @@ def find_rotations(states, rotations, fac, colours, rot_out):
 
 
 @njit(cache=True)
-def encode_index_rotated(states, rotations, rot, out):
-    """out[i, j] = 6*j + colour of sticker j of states[i] turned by rotation rot[i]."""
-    n, s = states.shape
-    for i in range(n):
-        perm = rotations[rot[i]]
-        for j in range(s):
-            out[i, j] = 6 * j + states[i, perm[j]]
+def corner_code(state, perm, cmap, fac, corner_lookup):
+    """3*cubie + twist of the corner slot with facelets fac, the state seen through (perm, cmap)."""
+    c0 = cmap[state[perm[fac[0]]]]
+    c1 = cmap[state[perm[fac[1]]]]
+    c2 = cmap[state[perm[fac[2]]]]
+    if c0 == 0 or c0 == 3:
+        t, key = 0, c0 * 36 + c1 * 6 + c2
+    elif c1 == 0 or c1 == 3:
+        t, key = 1, c1 * 36 + c2 * 6 + c0
+    else:
+        t, key = 2, c2 * 36 + c0 * 6 + c1
+    cubie = corner_lookup[key]
+    return 3 * (cubie if cubie >= 0 else 0) + t
 
 
 @njit(cache=True)
-def encode_onehot_rotated(states, rotations, rot, out):
-    n, s = states.shape
-    out[:] = 0
-    for i in range(n):
-        perm = rotations[rot[i]]
-        for j in range(s):
-            out[i, 6 * j + states[i, perm[j]]] = 1
+def choose_frame(states, rotations, fac, colours, corner_facelets, corner_lookup, n_view, xcubie, rot_of,
+                 src_slot, code_map, n_rr, n_sym, base, where, codes, frame):
+    """frame[i] = r0 * n_view + v: the frame state i is encoded in; codes[i] = its 8 corner codes.
 
-
-@njit(cache=True)
-def encode_cubies_rotated(states, rotations, rot, corner_facelets, corner_lookup, out):
-    """out[i, k] = 24*k + 3*cubie + twist of corner slot k of states[i] turned by rot[i].
-
-    The cubie-level input: which corner cubie sits in each slot and how it is twisted,
-    one active input per slot (8 of 192), instead of three sticker colours per corner.
+    r0 is the whole-cube rotation that brings the DBL cubie home (the canonical state x;
+    0 if no rotation in `rotations` does). With symmetry, v = (c*n_rr + rr)*n_sym + k
+    picks one symmetric image of x: x conjugated by coset representative c, turned by the
+    rotation rr that brings the new DBL cubie home, then conjugated by a symmetry k that
+    keeps DBL home. A view moves each corner on its own: slot j of view v shows the corner
+    of x's slot src = src_slot[v, j], with code code_map[v, src, base[src]]; rr is fixed by
+    where cubie xcubie[c] sits (rot_of[c, 3*slot + twist]). So the 6 or 48 images are table
+    lookups on x's codes, compared slot by slot (most stop after a slot or two), and the
+    lexicographically smallest wins (ties keep the first). base, where (8,) are scratch.
     """
-    n = states.shape[0]
-    for i in range(n):
-        perm = rotations[rot[i]]
-        for k in range(corner_facelets.shape[0]):
-            c0 = states[i, perm[corner_facelets[k, 0]]]
-            c1 = states[i, perm[corner_facelets[k, 1]]]
-            c2 = states[i, perm[corner_facelets[k, 2]]]
+    n_slots = corner_facelets.shape[0]
+    for i in range(states.shape[0]):
+        st = states[i]
+        r0 = 0
+        for r in range(rotations.shape[0]):
+            rot = rotations[r]
+            if st[rot[fac[0]]] == colours[0] and st[rot[fac[1]]] == colours[1] and st[rot[fac[2]]] == colours[2]:
+                r0 = r
+                break
+        rot = rotations[r0]
+        for j in range(n_slots):
+            c0 = st[rot[corner_facelets[j, 0]]]
+            c1 = st[rot[corner_facelets[j, 1]]]
+            c2 = st[rot[corner_facelets[j, 2]]]
             if c0 == 0 or c0 == 3:
                 t, key = 0, c0 * 36 + c1 * 6 + c2
             elif c1 == 0 or c1 == 3:
@@ -75,7 +86,121 @@ def encode_cubies_rotated(states, rotations, rot, corner_facelets, corner_lookup
             else:
                 t, key = 2, c2 * 36 + c0 * 6 + c1
             cubie = corner_lookup[key]
-            out[i, k] = 24 * k + 3 * (cubie if cubie >= 0 else 0) + t
+            cubie = cubie if cubie >= 0 else 0
+            base[j] = 3 * cubie + t
+            where[cubie] = 3 * j + t
+        best = codes[i]
+        best[:] = base  # view 0 is x itself
+        best_v = 0
+        for c in range(xcubie.shape[0] if n_view > 1 else 0):
+            cr = c * n_rr + rot_of[c, where[xcubie[c]]]
+            for k in range(n_sym):
+                v = cr * n_sym + k
+                for j in range(n_slots):
+                    src = src_slot[v, j]
+                    val = code_map[v, src, base[src]]
+                    if val != best[j]:
+                        if val < best[j]:  # smaller from slot j on: take the rest of this view
+                            best_v = v
+                            for j2 in range(j, n_slots):
+                                src = src_slot[v, j2]
+                                best[j2] = code_map[v, src, base[src]]
+                        break
+        frame[i] = r0 * n_view + best_v
+
+
+@njit(cache=True)
+def corner_tables(view_perm, view_cmap, corner_facelets, corner_colours, corner_lookup, slot_of_facelet,
+                  slot_map, code_map):
+    """For every view v (view = cmap_v[x[perm_v]]): where each corner of x goes, and its code there.
+
+    Each (slot j, cubie, twist) is placed alone into a blank sticker array: a view moves
+    the stickers of one corner together, so one corner is all it takes.
+    """
+    n_v, s = view_perm.shape
+    x = np.zeros(s, np.uint8)
+    inv = np.zeros(s, np.int64)
+    for v in range(n_v):
+        perm, cmap = view_perm[v], view_cmap[v]
+        for q in range(s):
+            inv[perm[q]] = q
+        for j in range(corner_facelets.shape[0]):
+            fj = corner_facelets[j]
+            j2 = slot_of_facelet[inv[fj[0]]]
+            slot_map[v, j] = j2
+            for cubie in range(corner_colours.shape[0]):
+                for t in range(3):
+                    x[fj[t]] = corner_colours[cubie, 0]
+                    x[fj[(t + 1) % 3]] = corner_colours[cubie, 1]
+                    x[fj[(t + 2) % 3]] = corner_colours[cubie, 2]
+                    code_map[v, j, 3 * cubie + t] = corner_code(x, perm, cmap, corner_facelets[j2], corner_lookup)
+
+
+def coset_representatives(sym_perm, sym_cmap):
+    """8 symmetries g, one per coset S.g of the DBL stabiliser S = symmetries [0:6]."""
+    key = lambda p, c: (p.tobytes(), c.tobytes())  # noqa: E731
+    covered, reps = set(), []
+    for g in range(len(sym_perm)):
+        if key(sym_perm[g], sym_cmap[g]) in covered:
+            continue
+        reps.append(g)
+        for k in range(6):  # conj_k(conj_g(x)): perm P_g[P_k], colours c_k[c_g]
+            covered.add(key(sym_perm[g][sym_perm[k]], sym_cmap[k][sym_cmap[g]]))
+    assert len(reps) == 8 and len(covered) == 48
+    return reps
+
+
+
+@njit(cache=True)
+def encode_index_framed(states, frame_perm, frame_cmap, frame, out):
+    """out[i, j] = 6*j + colour of sticker j of states[i] seen through frame[i]."""
+    n, s = states.shape
+    for i in range(n):
+        perm, cmap = frame_perm[frame[i]], frame_cmap[frame[i]]
+        for j in range(s):
+            out[i, j] = 6 * j + cmap[states[i, perm[j]]]
+
+
+@njit(cache=True)
+def encode_onehot_framed(states, frame_perm, frame_cmap, frame, out):
+    n, s = states.shape
+    out[:] = 0
+    for i in range(n):
+        perm, cmap = frame_perm[frame[i]], frame_cmap[frame[i]]
+        for j in range(s):
+            out[i, 6 * j + cmap[states[i, perm[j]]]] = 1
+
+
+@njit(cache=True)
+def encode_cubies_from_codes(codes, out):
+    """out[i, k] = 24*k + codes[i, k]: which cubie sits in corner slot k and how it is twisted,
+    one active input per slot (8 of 192), instead of three sticker colours per corner."""
+    for i in range(codes.shape[0]):
+        for k in range(codes.shape[1]):
+            out[i, k] = 24 * k + codes[i, k]
+
+
+@njit(cache=True)
+def encode_pairs_from_codes(codes, out):
+    """out[i, p] = 441*p + 21*v[k] + v[l] for the p-th pair (k < l) of the seven free slots.
+
+    v[k] = codes[i, k] with the seven free cubies numbered 0..6 (canonical frame: the DBL
+    cubie 6 never leaves slot 6, which is skipped, so cubie 7 becomes 6). One active input
+    per pair of slots: the first layer becomes a sum of pairwise embeddings, which can see
+    which cubies sit together.
+    """
+    for i in range(codes.shape[0]):
+        p = 0
+        for k in range(8):
+            if k == 6:
+                continue
+            vk = codes[i, k] - 3 if codes[i, k] >= 21 else codes[i, k]
+            for l in range(k + 1, 8):
+                if l == 6:
+                    continue
+                vl = codes[i, l] - 3 if codes[i, l] >= 21 else codes[i, l]
+                out[i, p] = 441 * p + 21 * vk + vl
+                p += 1
 
 
 @njit(cache=True)
@@ -154,7 +279,9 @@ def child_representatives(puzzle, n_actions, trials=8):
     return np.array(reps, np.int64), rep_of
 
 
-ENCODINGS = ("stickers", "cubies")
+ENCODINGS = ("stickers", "cubies", "pairs")
+SYMMETRIES = (1, 6, 48)
+INPUT_SHAPES = {"cubies": (192, 8), "pairs": (21 * 441, 21)}  # (in_dim, n_active); stickers: per puzzle
 
 
 class Encoder:
@@ -162,61 +289,155 @@ class Encoder:
 
     inputs="stickers": 6*sticker + colour per sticker (the 144-d / 324-d one-hot).
     inputs="cubies" (2x2x2, sparse only): 24*slot + 3*cubie + twist per corner slot.
+    inputs="pairs" (2x2x2, sparse, canonical): one input per pair of the 7 free corner slots,
+    indexed by both slots' (cubie, twist): 21 active of 9261.
     `in_dim` and `n_active` give the network's first-layer shape.
+
+    Each row is encoded as seen through a frame: a whole-cube rotation that brings the DBL
+    cubie home, and with symmetry = 6 or 48 (2x2x2, canonical) also a symmetry of the cube
+    (rotations and mirrors, `cube.symmetries`): 6 = those that keep DBL home (turns about
+    the DBL-UFR diagonal and mirrors through it), 48 = all of them. Of the symmetric
+    images of a position the one with the smallest corner codes is encoded, so all of
+    them reach the network as one input; act_map[frame, a] relabels the actions, exactly
+    as for rotations alone. 48 costs about 8x the frame search of 6 (still ~1 us a state).
     """
 
-    def __init__(self, puzzle, n_actions, canonical=True, sparse=True, inputs="stickers"):
+    def __init__(self, puzzle, n_actions, canonical=True, sparse=True, inputs="stickers", symmetry=1):
         if inputs not in ENCODINGS:
-            raise ValueError(f"unknown input encoding '{inputs}' (expected stickers or cubies)")
-        if inputs == "cubies" and (puzzle.n != 2 or not sparse):
-            raise ValueError("input_encoding = cubies is implemented for cube2 with the sparse first layer")
+            raise ValueError(f"unknown input encoding '{inputs}' (expected {', '.join(ENCODINGS)})")
+        if inputs != "stickers" and (puzzle.n != 2 or not sparse):
+            raise ValueError(f"input_encoding = {inputs} is implemented for cube2 with the sparse first layer")
+        if inputs == "pairs" and not canonical:
+            raise ValueError("input_encoding = pairs needs canonical_input (the DBL cubie must stay home)")
+        if symmetry not in SYMMETRIES:
+            raise ValueError(f"input_symmetry must be 1, 6 or 48, got {symmetry}")
+        if symmetry > 1 and not (canonical and puzzle.n == 2):
+            raise ValueError("input_symmetry > 1 needs cube2 with canonical_input")
         self.puzzle, self.n_actions, self.sparse, self.inputs = puzzle, n_actions, sparse, inputs
         self.canonical = bool(canonical and puzzle.n == 2)
-        self.in_dim, self.n_active = (192, 8) if inputs == "cubies" else (puzzle.n_stickers * 6, puzzle.n_stickers)
+        self.symmetry = int(symmetry)
+        self.in_dim, self.n_active = INPUT_SHAPES.get(inputs, (puzzle.n_stickers * 6, puzzle.n_stickers))
+        self._codes = np.zeros((0, 8), np.int64)
         self.corner_facelets = np.ascontiguousarray(puzzle.corner_facelets)
         self.corner_lookup = np.ascontiguousarray(puzzle.corner_lookup)
         self.rotations = np.ascontiguousarray(puzzle.rotations)
         self.fac = np.ascontiguousarray(puzzle.corner_facelets[6])  # DBL slot
         self.colours = np.ascontiguousarray(puzzle.corner_colours[6])
-        self.act_map = action_map(puzzle, n_actions) if self.canonical else \
-            np.tile(np.arange(n_actions), (1, 1))
+        # Frames: rotation r0 (to the canonical state x), then a view v of x (see choose_frame).
+        # With symmetry 48 the views are (coset representative c, rotation rr, symmetry k that
+        # keeps DBL home), covering all 48 symmetries; with 6 they are (k); with 1, x itself.
+        sym_perm, sym_cmap, sym_moves = symmetries(puzzle.name)
+        rots = self.rotations.astype(np.int64) if self.canonical else np.arange(puzzle.n_stickers)[None]
+        rot_act = action_map(puzzle, n_actions) if self.canonical else np.arange(n_actions)[None]
+        cosets = coset_representatives(sym_perm, sym_cmap) if self.symmetry == 48 else [0]
+        self.n_sym = 1 if self.symmetry == 1 else 6
+        self.n_rr = 24 if self.symmetry == 48 else 1
+        view_perm, view_cmap, view_act = [], [], []
+        for g in cosets:
+            for rr in range(self.n_rr):
+                for k in range(self.n_sym):
+                    # conj_g, turn by rr, conj_k: view[q] = c_k[c_g[x[P_g[R_rr[P_k[q]]]]]]
+                    view_perm.append(sym_perm[g][rots[rr][sym_perm[k]]])
+                    view_cmap.append(sym_cmap[k][sym_cmap[g]])
+                    view_act.append(sym_moves[k][rot_act[rr][sym_moves[g][:n_actions]]])
+        self.n_view = len(view_perm)
+        self.frame_perm = np.ascontiguousarray([R[vp] for R in rots for vp in view_perm], np.int64)
+        self.frame_cmap = np.ascontiguousarray([vc for _ in rots for vc in view_cmap], np.uint8)
+        self.act_map = np.ascontiguousarray([va[rot_act[r]] for r in range(len(rots)) for va in view_act],
+                                            np.int64)
+        # per-corner tables of every view, and the rotation rr that homes each coset's new DBL cubie
+        slot_of = np.zeros(puzzle.n_stickers, np.int64)
+        for j, fs in enumerate(puzzle.corner_facelets):
+            slot_of[fs] = j
+        slot_map = np.zeros((self.n_view, 8), np.int64)
+        self.code_map = np.zeros((self.n_view, 8, 24), np.int64)
+        if self.symmetry > 1:
+            corner_tables(np.ascontiguousarray(view_perm, np.int64), np.ascontiguousarray(view_cmap, np.uint8),
+                          self.corner_facelets, np.ascontiguousarray(puzzle.corner_colours), self.corner_lookup,
+                          slot_of, slot_map, self.code_map)
+        self.src_slot = np.ascontiguousarray(np.argsort(slot_map, axis=1))  # view slot -> x slot
+        self.xcubie = np.full(len(cosets), 6, np.int64)
+        self.rot_of = np.zeros((len(cosets), 24), np.int64)
+        for c in range(len(cosets) if self.n_rr > 1 else 0):
+            v0 = [(c * self.n_rr + rr) * self.n_sym for rr in range(self.n_rr)]
+            for xc in range(8):  # the cubie view c brings to DBL, untwisted, with rotation rr
+                hits = {3 * j + t: rr for rr in range(self.n_rr) for j in range(8) for t in range(3)
+                        if slot_map[v0[rr], j] == 6 and self.code_map[v0[rr], j, 3 * xc + t] == 18}
+                if len(hits) == 24:
+                    self.xcubie[c] = xc
+                    for place, rr in hits.items():
+                        self.rot_of[c, place] = rr
+                    break
+            else:
+                raise AssertionError(f"coset view {c} brings no cubie home")
+        self._base, self._where = np.zeros(8, np.int64), np.zeros(8, np.int64)
+        self.search_rotations = self.rotations if self.canonical else np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
         # children worth scoring in all-actions targets (all of them unless canonical)
         self.child_reps, self.child_rep_of = child_representatives(puzzle, n_actions) if self.canonical \
             else (np.arange(n_actions), np.arange(n_actions))
 
+    def frames(self, states, frame, codes):
+        """frame (n,): the frame each state is encoded in (0 when not canonical); codes (n, 8):
+        its corner codes (3*cubie + twist per slot) in that frame (2x2x2 only)."""
+        choose_frame(states, self.search_rotations, self.fac, self.colours, self.corner_facelets,
+                     self.corner_lookup, self.n_view, self.xcubie, self.rot_of, self.src_slot, self.code_map,
+                     self.n_rr, self.n_sym, self._base, self._where, codes, frame)
+
     def encode(self, states, ws, row0=0, rot=None):
-        """Write the input rows [row0, row0+n) of workspace ws; fills rot (n,) if canonical."""
+        """Write the input rows [row0, row0+n) of workspace ws; fills rot (n,) with the frames."""
         n = len(states)
-        if self.inputs == "cubies":
-            if self.canonical:
-                find_rotations(states, self.rotations, self.fac, self.colours, rot)
-            else:
-                rot[:] = 0
-            encode_cubies_rotated(states, self.rotations, rot, self.corner_facelets, self.corner_lookup,
-                                  ws.idx[row0:row0 + n])
-            return
-        if not self.canonical:
+        if self.puzzle.n != 2 or (not self.canonical and self.inputs == "stickers"):
             if self.sparse:
                 encode_index(states, ws.idx[row0:row0 + n])
             else:
                 encode_onehot(states, ws.x[row0:row0 + n])
             return
-        find_rotations(states, self.rotations, self.fac, self.colours, rot)
-        if self.sparse:
-            encode_index_rotated(states, self.rotations, rot, ws.idx[row0:row0 + n])
+        if len(self._codes) < n:
+            self._codes = np.zeros((n, 8), np.int64)
+        codes = self._codes[:n]
+        self.frames(states, rot, codes)
+        if self.inputs == "pairs":
+            encode_pairs_from_codes(codes, ws.idx[row0:row0 + n])
+        elif self.inputs == "cubies":
+            encode_cubies_from_codes(codes, ws.idx[row0:row0 + n])
+        elif self.sparse:
+            encode_index_framed(states, self.frame_perm, self.frame_cmap, rot, ws.idx[row0:row0 + n])
         else:
-            encode_onehot_rotated(states, self.rotations, rot, ws.x[row0:row0 + n])
+            encode_onehot_framed(states, self.frame_perm, self.frame_cmap, rot, ws.x[row0:row0 + n])
 
 
 class Policy:
-    """A network plus its encoder: Q-values of states in their own frame (for acting and search)."""
+    """A network plus its encoder: Q-values of states in their own frame (for acting and search).
 
-    def __init__(self, net, encoder: Encoder, chunk=4096):
-        self.net, self.encoder, self.chunk = net, encoder, chunk
+    views > 1 averages the network over that many cube symmetries (`cube.symmetries`:
+    1 = as is, 6 = those keeping the DBL corner, up to 48 = all rotations and mirrors):
+    Q(s, a) = mean_k Q_net(conj_k(s), move_map[k, a]). Distances are symmetry invariant, so
+    this is the same function with its errors averaged, at `views` times the forward cost.
+    """
+
+    def __init__(self, net, encoder: Encoder, chunk=4096, views=1):
+        if not 1 <= int(views) <= 48:
+            raise ValueError(f"symmetry views must be between 1 and 48, got {views}")
+        self.net, self.encoder, self.chunk, self.views = net, encoder, chunk, int(views)
         self._ws = {}
+        if self.views > 1:
+            perm, cmap, mmap = symmetries(encoder.puzzle.name)
+            self._sym = (np.ascontiguousarray(perm[:self.views]), np.ascontiguousarray(cmap[:self.views]),
+                         np.ascontiguousarray(mmap[:self.views, :net.layout.n_actions]))
 
     def q_values(self, states) -> np.ndarray:
         states = np.ascontiguousarray(np.atleast_2d(states), dtype=np.uint8)
+        if self.views == 1:
+            return self._q_plain(states)
+        perm, cmap, mmap = self._sym
+        conj = np.empty_like(states)
+        total = np.zeros((len(states), self.net.layout.n_actions), np.float64)
+        for k in range(self.views):
+            conjugate_states(states, perm[k], cmap[k], conj)
+            total += self._q_plain(conj)[:, mmap[k]]
+        return (total / self.views).astype(self.net.dtype)
+
+    def _q_plain(self, states) -> np.ndarray:
         n = len(states)
         out = np.empty((n, self.net.layout.n_actions), self.net.dtype)
         rows = min(self.chunk, max(n, 1))

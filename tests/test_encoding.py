@@ -83,3 +83,83 @@ def test_training_runs_with_cubie_inputs(tmp_path):
     tr.save(tmp_path / "run")
     cfg, pol = load_policy(tmp_path / "run")
     assert pol.q_values(P2.solved).shape == (1, 12)
+
+
+def test_pair_encoding_matches_cubie_pairs_and_is_orientation_free():
+    from cubedqn.nn import Workspace
+    cub, pairs = Encoder(P2, 12, inputs="cubies"), Encoder(P2, 12, inputs="pairs")
+    assert (pairs.in_dim, pairs.n_active) == (21 * 441, 21)
+    rng = np.random.default_rng(5)
+    # random positions, each seen in a random whole-cube orientation
+    states = np.stack([apply_moves(P2, P2.solved, rng.integers(0, 18, 25))[P2.rotations[rng.integers(24)]]
+                       for _ in range(20)])
+    ws_c = Workspace(Layout(192, 8, (4,), 12), 20)
+    ws_p = Workspace(Layout(pairs.in_dim, 21, (4,), 12), 20)
+    rot = np.zeros(20, np.int64)
+    cub.encode(states, ws_c, 0, rot)
+    pairs.encode(states, ws_p, 0, rot)
+    free = [0, 1, 2, 3, 4, 5, 7]  # slot 6 (DBL) always holds cubie 6, untwisted
+    for i in range(20):
+        v = ws_c.idx[i] - 24 * np.arange(8)          # 3*cubie + twist per slot
+        assert v[6] == 3 * 6
+        v = np.where(v >= 21, v - 3, v)[free]        # cubie 7 -> 6: seven free cubies
+        expect = [441 * p + 21 * v[k] + v[l] for p, (k, l) in
+                  enumerate((k, l) for k in range(7) for l in range(k + 1, 7))]
+        assert ws_p.idx[i].tolist() == expect
+    with pytest.raises(ValueError, match="canonical"):
+        Encoder(P2, 12, canonical=False, inputs="pairs")
+
+
+@pytest.mark.parametrize("views", [6, 48])
+def test_symmetry_views_make_q_values_exactly_symmetric(views):
+    from cubedqn.cube import symmetries
+    perm, cmap, mmap = symmetries("cube2")
+    net = MLP(Layout(192, 8, (32,), 12), seed=1)
+    plain, sym = Policy(net, Encoder(P2, 12, inputs="cubies")), \
+        Policy(net, Encoder(P2, 12, inputs="cubies"), views=views)
+    s = apply_moves(P2, P2.solved, np.random.default_rng(6).integers(0, 12, 20))
+    q = sym.q_values(s)[0]
+    manual = np.mean([plain.q_values(cmap[k][s[perm[k]]])[0][mmap[k, :12]] for k in range(views)], axis=0)
+    np.testing.assert_allclose(q, manual, rtol=1e-5, atol=1e-6)
+    for k in range(views):  # the views form a group (S3 keeping DBL, or all 48): invariance is exact
+        qk = sym.q_values(cmap[k][s[perm[k]]])[0]
+        np.testing.assert_allclose(qk[mmap[k, :12]], q, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(plain.q_values(s)[0], q)
+    with pytest.raises(ValueError, match="between 1 and 48"):
+        Policy(net, Encoder(P2, 12), views=49)
+
+
+@pytest.mark.parametrize("inputs,symmetry", [("stickers", 6), ("cubies", 48), ("pairs", 6), ("pairs", 48)])
+def test_symmetric_input_sends_symmetric_images_to_one_input(inputs, symmetry):
+    """With input symmetry 6 (48) the images of a position under the symmetries that keep
+    DBL home (under all of them), each in a random orientation, encode identically, and
+    their Q-values are the same numbers on corresponding moves."""
+    from cubedqn.cube import symmetries
+    from cubedqn.nn import Workspace
+    perm, cmap, _ = symmetries("cube2")
+    enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry)
+    assert enc.act_map.shape == (24 * (1152 if symmetry == 48 else 6), 12)  # rotation x view
+    pol = Policy(MLP(Layout(enc.in_dim, enc.n_active, (16,), 12), seed=2), enc)
+    ws = Workspace(Layout(enc.in_dim, enc.n_active, (4,), 12), symmetry)
+    rot = np.zeros(symmetry, np.int64)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        s = apply_moves(P2, P2.solved, rng.integers(0, 12, 20))
+        R = P2.rotations[rng.integers(0, 24, symmetry)]
+        images = np.ascontiguousarray([cmap[k][s[perm[k]]][R[k]] for k in range(symmetry)])
+        enc.encode(images, ws, 0, rot)
+        assert (ws.idx == ws.idx[0]).all()
+        q, qi = pol.q_values(s)[0], pol.q_values(images)
+        for k in range(symmetry):
+            for a in range(12):
+                # the move on image k whose child is the image of s's child under a
+                child = cmap[k][apply_moves(P2, s, [a])[perm[k]]][R[k]]
+                b = [b for b in range(12) if np.array_equal(apply_moves(P2, images[k], [b]), child)]
+                assert len(b) == 1 and qi[k, b[0]] == pytest.approx(q[a], abs=1e-6)
+    plain = Encoder(P2, 12, inputs=inputs)  # without symmetry the images are different inputs
+    plain.encode(images, ws, 0, rot)
+    assert len({r.tobytes() for r in ws.idx}) > 1
+    with pytest.raises(ValueError, match="canonical"):
+        Encoder(P2, 12, canonical=False, symmetry=6)
+    with pytest.raises(ValueError, match="1, 6 or 48"):
+        Encoder(P2, 12, symmetry=8)
