@@ -220,7 +220,9 @@ def make_trainer(cfg, device, resume=None):
 # profile
 
 @main.command("profile")
-@click.option("--profile", "profile", default=None, help="preset name or TOML path (default: the preset named after --puzzle, else cube2)")
+@click.option("--profile", "profile", default=None,
+              help="preset name or TOML path (default: cube2; with --puzzle, the plain defaults for that puzzle: "
+                   "sticker inputs, so --hidden 256,256 times the 144-256-256-12 network)")
 @click.option("--puzzle", default=None, help="cube2 or cube3")
 @click.option("--hidden", default=None, help="hidden widths, e.g. 256,256")
 @click.option("--input-encoding", default=None, help="stickers, cubies or pairs (cube2)")
@@ -231,16 +233,18 @@ def make_trainer(cfg, device, resume=None):
 @click.option("--warmup", type=int, default=100, show_default=True, help="gradient steps before timing")
 @click.option("--threads", type=int, default=None, help="threads for numba kernels and BLAS")
 @click.option("--device", default=None, help="cpu, cuda or auto")
+@click.option("--sparse-update/--no-sparse-update", default=None,
+              help="lazy first-layer updates (the 2x2x2 presets use them; CUDA needs --no-sparse-update)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def profile_cmd(profile, puzzle, hidden, input_encoding, batch_size, targets, optimizer, steps, warmup, threads,
-                device, as_json):
+                device, sparse_update, as_json):
     """Time the training loop and print where every millisecond of a step goes."""
     from .profiling import profile_training
     if steps <= 0 or warmup < 0:
         raise UserError("--steps must be positive and --warmup >= 0")
     over = dict(puzzle=puzzle, hidden=hidden, input_encoding=input_encoding, batch_size=batch_size,
-                targets=targets, optimizer=optimizer, threads=threads, device=device)
-    cfg = build_config(profile or puzzle or "cube2", over)
+                targets=targets, optimizer=optimizer, threads=threads, device=device, sparse_update=sparse_update)
+    cfg = build_config(profile or (None if puzzle else "cube2"), over)
     dev = resolve_device(cfg.device)
     with limit_threads(cfg.threads):
         report = profile_training(cfg, steps, warmup, dev)

@@ -11,8 +11,9 @@ PY=${PYTHON:-python}
 run $PY scripts/bench_peers.py | tee "$out/peers.txt"
 run $PY scripts/bench_replay.py | tee "$out/replay.txt"
 for t in 1 2; do
-  # the commands verbatim (cube2 preset: cubie inputs, Adam), then the 144-256-256-12
-  # sticker network with clipped momentum, the step the peer benchmark times
+  # the commands verbatim (with --puzzle and no --profile: plain sticker inputs, Adam,
+  # i.e. 144-256-256-12), then the same network with clipped momentum, the step the peer
+  # benchmark times
   run $PY -m cubedqn.cli profile --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --threads $t --steps 2000 --json > "$out/profile-cube2-double-t$t.json"
   run $PY -m cubedqn.cli profile --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --input-encoding stickers --optimizer momentum --threads $t --steps 2000 --json > "$out/profile-cube2-double-stickers-momentum-t$t.json"
   run $PY -m cubedqn.cli profile --puzzle cube3 --hidden 1024,512 --batch-size 256 --targets double --threads $t --steps 300 --json > "$out/profile-cube3-double-t$t.json"

@@ -83,6 +83,10 @@ def one_line_error(args, needle):
     (["eval", "--checkpoint", "/nonexistent/run"], "does not exist"),
     (["solve", "--checkpoint", "/nonexistent/run", "--scramble", "R"], "does not exist"),
     (["profile", "--steps", "0"], "--steps must be positive"),
+    (["train", "--input-symmetry", "5"], "input_symmetry must be 1, 6 or 48"),
+    (["train", "--input-encoding", "pairs", "--no-canonical-input"], "pairs needs canonical_input"),
+    (["train", "--input-encoding", "pairs", "--puzzle", "cube3"], "pairs needs puzzle cube2"),
+    (["train", "--sparse-update", "--lomo", "--clip", "none"], "sparse_update needs"),
     (["plot", "/nonexistent/run"], "metrics.jsonl does not exist"),
     (["frobnicate"], "No such command 'frobnicate'"),
 ])
@@ -108,6 +112,12 @@ def test_train_eval_solve_round_trip(trained):
     d = json.loads(run(["eval", "--checkpoint", str(trained), "--random-states", "5", "--search", "beam",
                         "--beam-width", "4", "--max-moves", "3", "--json"]).output)
     assert {"rows", "solved_frac", "mean_length", "optimal_frac", "mean_optimal_length"} <= set(d)
+    assert d["views"] == 1
+    d6 = json.loads(run(["eval", "--checkpoint", str(trained), "--depths", "1-2", "--n", "5", "--views", "6",
+                         "--json"]).output)
+    assert d6["views"] == 6 and len(d6["rows"]) == 2
+    one_line_error(["eval", "--checkpoint", str(trained), "--views", "0"], "--views must be between 1 and 48")
+    one_line_error(["solve", "--checkpoint", str(trained), "--scramble", "R", "--views", "49"], "--views must be")
     d = json.loads(run(["solve", "--checkpoint", str(trained), "--scramble", "R U", "--search", "beam",
                         "--beam-width", "512", "--json"]).output)
     assert set(d) == {"solution", "length", "solved", "seconds"}
@@ -141,7 +151,7 @@ def test_checkpoint_for_wrong_puzzle_is_rejected(trained, tmp_path):
     run_dir = tmp_path / "bad"
     shutil.copytree(trained, run_dir)
     cfg = json.loads((run_dir / "config.json").read_text())
-    cfg["puzzle"], cfg["input_encoding"] = "cube3", "stickers"  # a valid cube3 config, 2x2x2 weights
+    cfg.update(puzzle="cube3", input_encoding="stickers", input_symmetry=1)  # a valid cube3 config, 2x2x2 weights
     (run_dir / "config.json").write_text(json.dumps(cfg))
     one_line_error(["eval", "--checkpoint", str(run_dir)], "does not match")
     (run_dir / "config.json").write_text("{not json")

@@ -123,9 +123,9 @@ def test_profile_device_cuda_runs_under_the_simulator():
     from click.testing import CliRunner
     from cubedqn.cli import main
     import json
-    r = CliRunner().invoke(main, ["profile", "--profile", "cube2-quick", "--hidden", "8", "--batch-size", "4",
-                                  "--targets", "double", "--steps", "2", "--warmup", "1", "--device", "cuda",
-                                  "--json"], catch_exceptions=False)
+    r = CliRunner().invoke(main, ["profile", "--profile", "cube2-quick", "--no-sparse-update", "--input-encoding", "cubies", "--hidden", "8",
+                                  "--batch-size", "4", "--targets", "double", "--steps", "2", "--warmup", "1",
+                                  "--device", "cuda", "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["device"] == "cuda" and d["train_step_ms"] > 0
