@@ -15,6 +15,9 @@ handful of Numba calls, each timed into a phase (forward, backward, optimizer):
 Gradient accumulation splits the batch into k micro-batches and applies one update.
 LOMO applies each layer's update during backward, as soon as its gradient is known, with
 per-layer clipping (see optim.py) and no full gradient buffer.
+sparse_update (lazy first-layer updates) keeps the first layer's gradient zero outside the
+rows the batch touched and updates only those rows (nn.sparse_backward_rows,
+Optimizer.step_rows): what makes wide sparse inputs such as slot pairs affordable.
 
 What it is not: acting, replay or the training loop (see dqn.py).
 """
