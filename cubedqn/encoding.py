@@ -56,12 +56,12 @@ def corner_code(state, perm, cmap, fac, corner_lookup):
 
 
 @njit(cache=True)
-def choose_frame(states, rotations, fac, colours, corner_facelets, corner_lookup, n_view, xcubie, rot_of,
+def choose_frame(states, rotations, identity_cmap, corner_facelets, corner_lookup, n_view, xcubie, rot_of,
                  src_slot, code_map, n_rr, n_sym, base, where, codes, frame):
     """frame[i] = r0 * n_view + v: the frame state i is encoded in; codes[i] = its 8 corner codes.
 
-    r0 is the whole-cube rotation that brings the DBL cubie home (the canonical state x;
-    0 if no rotation in `rotations` does). With symmetry, v = (c*n_rr + rr)*n_sym + k
+    On entry frame[i] holds r0 (find_rotations), the whole-cube rotation that brings the
+    DBL cubie home: the canonical state x. With symmetry, v = (c*n_rr + rr)*n_sym + k
     picks one symmetric image of x: x conjugated by coset representative c, turned by the
     rotation rr that brings the new DBL cubie home, then conjugated by a symmetry k that
     keeps DBL home. A view moves each corner on its own: slot j of view v shows the corner
@@ -73,27 +73,12 @@ def choose_frame(states, rotations, fac, colours, corner_facelets, corner_lookup
     n_slots = corner_facelets.shape[0]
     for i in range(states.shape[0]):
         st = states[i]
-        r0 = 0
-        for r in range(rotations.shape[0]):
-            rot = rotations[r]
-            if st[rot[fac[0]]] == colours[0] and st[rot[fac[1]]] == colours[1] and st[rot[fac[2]]] == colours[2]:
-                r0 = r
-                break
+        r0 = frame[i]
         rot = rotations[r0]
         for j in range(n_slots):
-            c0 = st[rot[corner_facelets[j, 0]]]
-            c1 = st[rot[corner_facelets[j, 1]]]
-            c2 = st[rot[corner_facelets[j, 2]]]
-            if c0 == 0 or c0 == 3:
-                t, key = 0, c0 * 36 + c1 * 6 + c2
-            elif c1 == 0 or c1 == 3:
-                t, key = 1, c1 * 36 + c2 * 6 + c0
-            else:
-                t, key = 2, c2 * 36 + c0 * 6 + c1
-            cubie = corner_lookup[key]
-            cubie = cubie if cubie >= 0 else 0
-            base[j] = 3 * cubie + t
-            where[cubie] = 3 * j + t
+            q = corner_code(st, rot, identity_cmap, corner_facelets[j], corner_lookup)
+            base[j] = q
+            where[q // 3] = 3 * j + q % 3
         best = codes[i]
         best[:] = base  # view 0 is x itself
         best_v = 0
@@ -153,7 +138,6 @@ def coset_representatives(sym_perm, sym_cmap):
             covered.add(key(sym_perm[g][sym_perm[k]], sym_cmap[k][sym_cmap[g]]))
     assert len(reps) == 8 and len(covered) == 48
     return reps
-
 
 
 @njit(cache=True)
@@ -332,9 +316,13 @@ class Encoder:
         # Frames: rotation r0 (to the canonical state x), then a view v of x (see choose_frame).
         # With symmetry 48 the views are (coset representative c, rotation rr, symmetry k that
         # keeps DBL home), covering all 48 symmetries; with 6 they are (k); with 1, x itself.
-        sym_perm, sym_cmap, sym_moves = symmetries(puzzle.name)
         rots = self.rotations.astype(np.int64) if self.canonical else np.arange(puzzle.n_stickers)[None]
         rot_act = action_map(puzzle, n_actions) if self.canonical else np.arange(n_actions)[None]
+        if self.symmetry > 1:
+            sym_perm, sym_cmap, sym_moves = symmetries(puzzle.name)
+        else:  # the identity alone: no need to derive all 48 (0.1-0.2 s at start-up)
+            sym_perm, sym_cmap = np.arange(puzzle.n_stickers)[None], np.arange(6, dtype=np.uint8)[None]
+            sym_moves = np.arange(len(puzzle.moves))[None]
         cosets = coset_representatives(sym_perm, sym_cmap) if self.symmetry == 48 else [0]
         self.n_sym = 1 if self.symmetry == 1 else 6
         self.n_rr = 24 if self.symmetry == 48 else 1
@@ -377,7 +365,9 @@ class Encoder:
             else:
                 raise AssertionError(f"coset view {c} brings no cubie home")
         self._base, self._where = np.zeros(8, np.int64), np.zeros(8, np.int64)
-        self.search_rotations = self.rotations if self.canonical else np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
+        self._identity_cmap = np.arange(6, dtype=np.uint8)
+        self.search_rotations = self.rotations if self.canonical else \
+            np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
         # children worth scoring in all-actions targets (all of them unless canonical)
         self.child_reps, self.child_rep_of = child_representatives(puzzle, n_actions) if self.canonical \
             else (np.arange(n_actions), np.arange(n_actions))
@@ -385,7 +375,8 @@ class Encoder:
     def frames(self, states, frame, codes):
         """frame (n,): the frame each state is encoded in (0 when not canonical); codes (n, 8):
         its corner codes (3*cubie + twist per slot) in that frame (2x2x2 only)."""
-        choose_frame(states, self.search_rotations, self.fac, self.colours, self.corner_facelets,
+        find_rotations(states, self.search_rotations, self.fac, self.colours, frame)
+        choose_frame(states, self.search_rotations, self._identity_cmap, self.corner_facelets,
                      self.corner_lookup, self.n_view, self.xcubie, self.rot_of, self.src_slot, self.code_map,
                      self.n_rr, self.n_sym, self._base, self._where, codes, frame)
 
