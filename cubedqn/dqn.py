@@ -15,7 +15,10 @@ Deviations from the DQN paper (Mnih et al. 2015), all deliberate and documented:
   still ranks depths correctly (values at depth 14 differ by ~0.87 per move).
 - Episodes are truncated (not terminated) after max_episode_moves; truncation bootstraps.
 - A scramble-depth curriculum replaces a fixed start distribution.
-- Epsilon decays linearly over `exploration_fraction` of the planned gradient steps.
+- Schedules (epsilon, learning rate, PER beta) follow the run's progress: the fraction of
+  `steps` done or of the `minutes` budget spent, whichever is larger, so a run cut by the
+  clock still finishes its annealing (a resumed run continues from where it stopped).
+- Epsilon decays linearly over `exploration_fraction` of the run.
 """
 
 from __future__ import annotations
@@ -106,6 +109,8 @@ class Trainer:
         self.depth = cfg.curriculum_start if cfg.curriculum == "adaptive" else cfg.depth_max
         self.depth = min(max(self.depth, cfg.depth_min), cfg.depth_max)
         self.last_solve_rate = None
+        self.saved_progress = 0.0  # progress reached by earlier runs that had a wall-clock budget
+        self._budget = None        # (start time, seconds, progress at start) while run() has a deadline
         self._eval_cache = {}
         self._log_acc = [0.0, 0]
         self.interrupted = False
@@ -115,17 +120,25 @@ class Trainer:
     def depth_range(self):
         return self.cfg.depth_min, max(self.depth, self.cfg.depth_min)
 
-    def epsilon(self):
+    def progress(self):
+        """Fraction of the run done, in [0, 1]: of cfg.steps, or of the wall-clock budget."""
+        p = max(self.grad_steps / max(self.cfg.steps, 1), self.saved_progress)
+        if self._budget is not None:
+            start, seconds, p0 = self._budget
+            p = max(p, p0 + (1.0 - p0) * (time.perf_counter() - start) / seconds)
+        return min(p, 1.0)
+
+    def epsilon(self, progress=None):
         c = self.cfg
-        progress = self.grad_steps / max(c.steps, 1)
+        progress = self.progress() if progress is None else progress
         if c.exploration_fraction <= 0:
             return c.exploration_final_eps
         frac = min(1.0, progress / c.exploration_fraction)
         return c.exploration_initial_eps + frac * (c.exploration_final_eps - c.exploration_initial_eps)
 
-    def per_beta(self):
+    def per_beta(self, progress):
         b0 = self.cfg.prioritized_replay_beta0
-        return b0 + (1.0 - b0) * min(1.0, self.grad_steps / max(self.cfg.steps, 1))
+        return b0 + (1.0 - b0) * progress
 
     # -- one iteration of the N environments ----------------------------------------------
     def env_iteration(self):
@@ -153,7 +166,11 @@ class Trainer:
     def gradient_step(self):
         clock, timer, c = time.perf_counter, self.timer, self.cfg
         t0 = clock()
-        self.replay.sample(self.rng, self.batch, self.per_beta())
+        progress = self.progress()
+        # without a clock budget the optimizer keeps its own step-based schedule
+        clocked = self._budget is not None or self.saved_progress > 0
+        self.learner.opt.progress = progress if clocked else None
+        self.replay.sample(self.rng, self.batch, self.per_beta(progress))
         timer.add("sample", clock() - t0)
         loss = self.learner.train_step(self.batch, timer, use_weights=c.prioritized_replay)
         if c.prioritized_replay:
@@ -189,6 +206,8 @@ class Trainer:
         target = c.steps if max_steps is None else max_steps
         minutes = c.minutes if minutes is None else minutes
         deadline = time.perf_counter() + minutes * 60 if minutes else math.inf
+        if minutes:
+            self._budget = (time.perf_counter(), minutes * 60, self.progress())
         metrics = Path(run_dir) / "metrics.jsonl" if run_dir else None
         self._interval_start = (time.perf_counter(), self.grad_steps, self.env_steps)
         learn_after = max(c.learning_starts, c.batch_size)
@@ -203,6 +222,9 @@ class Trainer:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+            if self._budget is not None:
+                self.saved_progress = self.progress()
+                self._budget = None
         return self
 
     def _loop(self, target, deadline, learn_after, run_dir, metrics, on_log):
@@ -259,7 +281,7 @@ class Trainer:
             "layout": self.layout.describe(), "param_count": self.layout.size,
             "grad_steps": self.grad_steps, "env_steps": self.env_steps, "vec_steps": self.vec_steps,
             "episodes": self.episodes, "solved_episodes": self.solved_episodes, "pending": self.pending,
-            "depth": self.depth, "last_solve_rate": self.last_solve_rate,
+            "depth": self.depth, "last_solve_rate": self.last_solve_rate, "progress": self.progress() if self._budget is not None else self.saved_progress,
             "optimizer_t": self.learner.opt.t, "updates": self.learner.updates,
             "rng": rng_to_list(self.rng), "has_replay": bool(self.cfg.save_replay),
         }
@@ -302,6 +324,7 @@ class Trainer:
             for k in ("grad_steps", "env_steps", "vec_steps", "episodes", "solved_episodes", "pending", "depth"):
                 setattr(tr, k, int(state[k]))
             tr.last_solve_rate = state["last_solve_rate"]
+            tr.saved_progress = float(state.get("progress", 0.0))
             tr.learner.updates = int(state["updates"])
             tr.rng[:] = rng_from_list(state["rng"])
         except (KeyError, ValueError, TypeError) as e:

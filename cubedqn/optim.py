@@ -153,11 +153,12 @@ def all_finite(x):
     return True
 
 
-def schedule_lr(kind: str, lr: float, lr_final: float, t: int, total: int) -> float:
-    """Learning rate at step t (0-based) of `total` steps."""
-    if kind == "constant" or total <= 1:
+def schedule_lr(kind: str, lr: float, lr_final: float, t: int, total: int, progress=None) -> float:
+    """Learning rate at step t (0-based) of `total` steps, or at `progress` in [0, 1] if given."""
+    if kind == "constant" or (progress is None and total <= 1):
         return lr
-    frac = min(max(t / (total - 1), 0.0), 1.0)
+    frac = t / (total - 1) if progress is None else progress
+    frac = min(max(frac, 0.0), 1.0)
     if kind == "linear":
         return lr + (lr_final - lr) * frac
     if kind == "cosine":
@@ -188,6 +189,7 @@ class Optimizer:
         self.schedule, self.total_steps = schedule, total_steps
         self.lr_final = lr if lr_final is None else lr_final
         self.t = 0
+        self.progress = None  # set by a caller whose run ends on a budget other than steps
         self.m = np.zeros(size if kind != "sgd" else 0, self.dtype)
         self.v = np.zeros(size if kind in ("adam", "adamw") else 0, self.dtype)
         self.last_norm = 0.0
@@ -241,7 +243,7 @@ class Optimizer:
         return norm
 
     def begin_step(self):
-        self.lr = schedule_lr(self.schedule, self.lr0, self.lr_final, self.t, self.total_steps)
+        self.lr = schedule_lr(self.schedule, self.lr0, self.lr_final, self.t, self.total_steps, self.progress)
         self.t += 1
 
     def apply(self, params, grad_slice, lo, hi) -> float:

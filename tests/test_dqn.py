@@ -270,6 +270,43 @@ def test_resume_is_exact(tmp_path, kw):
     assert np.array_equal(resumed.rng, straight.rng)
 
 
+def test_schedules_follow_the_clock_when_minutes_run_out_first(tmp_path, monkeypatch):
+    import cubedqn.dqn as dqn
+    now = [1000.0]
+    monkeypatch.setattr(dqn.time, "perf_counter", lambda: now[0])
+    cfg = tiny_cfg(steps=1000, lr_schedule="linear", learning_rate=0.01, lr_final=0.0,
+                   exploration_fraction=0.5, exploration_initial_eps=1.0, exploration_final_eps=0.0)
+    tr = Trainer(cfg)
+    tr._budget = (now[0], 60.0, 0.0)      # what run(minutes=1) sets up
+    now[0] += 15.0                         # a quarter of the budget, a few steps of 1000
+    assert tr.progress() == pytest.approx(0.25)
+    assert tr.epsilon() == pytest.approx(0.5)
+    for _ in range(3):
+        tr.env_iteration()
+    tr.gradient_step()
+    assert tr.learner.opt.lr == pytest.approx(0.0075)
+    tr._budget = None
+    # without a budget the step count rules (and the optimizer keeps its own schedule)
+    fresh = Trainer(cfg)
+    assert fresh.progress() == 0.0 and fresh.epsilon() == 1.0
+
+
+def test_clock_progress_survives_a_checkpoint(tmp_path, monkeypatch):
+    import cubedqn.dqn as dqn
+    now = [0.0]
+
+    def clock():  # every call advances the clock a little: a 1-minute budget ends mid-run
+        now[0] += 0.05
+        return now[0]
+    monkeypatch.setattr(dqn.time, "perf_counter", clock)
+    tr = Trainer(tiny_cfg(steps=10_000)).run(minutes=1.0)
+    assert 0 < tr.grad_steps < 10_000
+    assert tr.progress() == pytest.approx(1.0)  # the clock ran out: annealing finished
+    tr.save(tmp_path / "run")
+    back = Trainer.load(tmp_path / "run")
+    assert back.progress() == pytest.approx(1.0) and back.epsilon() == pytest.approx(back.cfg.exploration_final_eps)
+
+
 def test_same_seed_same_losses():
     logs = []
     for _ in range(2):

@@ -195,6 +195,10 @@ def test_lr_schedules():
     assert schedule_lr("cosine", 0.1, 0.0, 50, 101) == pytest.approx(0.05)
     assert schedule_lr("cosine", 0.1, 0.01, 100, 101) == pytest.approx(0.01)
     assert schedule_lr("cosine", 0.1, 0.01, 500, 101) == pytest.approx(0.01)  # past the end: final value
+    # an explicit progress (a run cut by the clock) overrides the step count
+    assert schedule_lr("cosine", 0.1, 0.0, 3, 101, progress=0.5) == pytest.approx(0.05)
+    assert schedule_lr("linear", 0.1, 0.0, 3, 101, progress=1.0) == pytest.approx(0.0)
+    assert schedule_lr("constant", 0.1, 0.0, 3, 101, progress=0.7) == 0.1
 
 
 def test_sparse_backward_rows_matches_dense_scatter_and_lists_rows():
