@@ -380,6 +380,19 @@ class Encoder:
                      self.corner_lookup, self.n_view, self.xcubie, self.rot_of, self.src_slot, self.code_map,
                      self.n_rr, self.n_sym, self._base, self._where, codes, frame)
 
+    def position_keys(self, states):
+        """(n, K) uint8 rows, equal exactly when two states are the same position up to the
+        symmetries this encoder identifies (their inputs are then equal too): whole-cube
+        rotations for the canonical 2x2x2 encoder, all 48 symmetries with input_symmetry 48.
+        Otherwise the stickers themselves. Search compares these instead of raw states."""
+        states = np.ascontiguousarray(np.atleast_2d(states), dtype=np.uint8)
+        if self.puzzle.n != 2 or (not self.canonical and self.inputs == "stickers"):
+            return states.copy()
+        n = len(states)
+        codes = np.zeros((n, 8), np.int64)
+        self.frames(states, np.zeros(n, np.int64), codes)
+        return codes.astype(np.uint8)
+
     def encode(self, states, ws, row0=0, rot=None):
         """Write the input rows [row0, row0+n) of workspace ws; fills rot (n,) with the frames."""
         n = len(states)
@@ -421,6 +434,10 @@ class Policy:
             perm, cmap, mmap = symmetries(encoder.puzzle.name)
             self._sym = (np.ascontiguousarray(perm[:self.views]), np.ascontiguousarray(cmap[:self.views]),
                          np.ascontiguousarray(mmap[:self.views, :net.layout.n_actions]))
+
+    def position_keys(self, states) -> np.ndarray:
+        """Rows equal exactly for equivalent positions (see Encoder.position_keys)."""
+        return self.encoder.position_keys(states)
 
     def q_values(self, states) -> np.ndarray:
         states = np.ascontiguousarray(np.atleast_2d(states), dtype=np.uint8)

@@ -4,10 +4,18 @@ Greedy: all cubes advance together, one forward pass per move over the unsolved 
 each takes its best-Q action whose result it has not visited before (a cube with no such
 action is stuck and counts as unsolved).
 
+"Same state" means the same position as the policy sees it: `policy.position_keys`
+(encoding.Encoder.position_keys) identifies states that differ only by a whole-cube
+rotation, or by any of the 48 symmetries when the network's input does; such states have
+the same distance and the same Q-values (relabelled), so revisiting one would repeat a
+choice already made, and keeping two in a beam would waste a slot. Policies without
+position_keys compare raw stickers.
+
 Beam search (Q*-style): a parent's single forward pass scores all of its children, since
 Q(s, a) estimates -(1 + cost-to-go of child a). A beam of width W therefore costs W
-forward rows per depth, not W x actions. Children are deduplicated exactly (hash, then a
-byte comparison) and the W best distinct ones form the next beam.
+forward rows per depth, not W x actions. Children are deduplicated exactly (hash of the
+position key, then a byte comparison) and the W best distinct ones form the next beam;
+keys are computed only for the best-scored children, until W distinct ones are found.
 
 Both return action lists, and `verify` replays each on its start state.
 """
@@ -30,13 +38,19 @@ def _state_hash(state):
     return h
 
 
+def position_keys(policy, states):
+    """(n, K) uint8 keys, equal for equivalent positions (raw stickers if the policy has none)."""
+    f = getattr(policy, "position_keys", None)
+    return np.ascontiguousarray(states if f is None else f(states), dtype=np.uint8)
+
+
 @njit(cache=True)
-def _visited(hist, n_hist, child):
-    s = child.shape[0]
+def _visited(hist, n_hist, key):
+    k_n = key.shape[0]
     for k in range(n_hist):
         same = True
-        for j in range(s):
-            if hist[k, j] != child[j]:
+        for j in range(k_n):
+            if hist[k, j] != key[j]:
                 same = False
                 break
         if same:
@@ -45,11 +59,10 @@ def _visited(hist, n_hist, child):
 
 
 @njit(cache=True)
-def greedy_step(q, rows, states, moves, hist, hist_len, actions_out, stuck):
-    """For each cube rows[k] (q row k): best action to an unvisited state; apply it in place."""
+def greedy_step(q, rows, kids, kid_keys, states, hist, hist_len, actions_out, stuck):
+    """Cube rows[k] (q row k, children kids[k], their keys kid_keys[k]) takes its best action
+    to a position not visited before; states and the key history are updated in place."""
     n_a = q.shape[1]
-    s = states.shape[1]
-    child = np.empty(s, np.uint8)
     order = np.empty(n_a, np.int64)
     for k in range(rows.shape[0]):
         i = rows[k]
@@ -57,17 +70,14 @@ def greedy_step(q, rows, states, moves, hist, hist_len, actions_out, stuck):
         chosen = -1
         for r in range(n_a):
             a = order[r]
-            perm = moves[a]
-            for j in range(s):
-                child[j] = states[i, perm[j]]
-            if not _visited(hist[i], hist_len[i], child):
+            if not _visited(hist[i], hist_len[i], kid_keys[k, a]):
                 chosen = a
                 break
         if chosen < 0:
             stuck[i] = True
             continue
-        states[i] = child
-        hist[i, hist_len[i]] = child
+        states[i] = kids[k, chosen]
+        hist[i, hist_len[i]] = kid_keys[k, chosen]
         hist_len[i] += 1
         actions_out[i] = chosen
 
@@ -76,8 +86,9 @@ def greedy_solve(policy, states, moves, max_moves=30):
     """Batched greedy rollouts. Returns (solved (N,), lengths (N,), solutions list)."""
     states = np.array(np.atleast_2d(states), dtype=np.uint8, copy=True)
     n, s = states.shape
-    hist = np.zeros((n, max_moves + 1, s), np.uint8)
-    hist[:, 0] = states
+    keys0 = position_keys(policy, states)
+    hist = np.zeros((n, max_moves + 1, keys0.shape[1]), np.uint8)
+    hist[:, 0] = keys0
     hist_len = np.ones(n, np.int64)
     solved = np.zeros(n, np.bool_)
     stuck = np.zeros(n, np.bool_)
@@ -89,8 +100,12 @@ def greedy_solve(policy, states, moves, max_moves=30):
         if rows.size == 0:
             break
         q = policy.q_values(states[rows])
+        n_a = q.shape[1]
+        kids = np.empty((rows.size, n_a, s), np.uint8)
+        expand_children(states[rows], moves, n_a, kids)
+        kid_keys = position_keys(policy, kids.reshape(-1, s)).reshape(rows.size, n_a, -1)
         step_actions[:] = -1
-        greedy_step(q, rows, states, moves, hist, hist_len, step_actions, stuck)
+        greedy_step(q, rows, kids, kid_keys, states, hist, hist_len, step_actions, stuck)
         path[rows, t] = step_actions[rows]
         solved_batch(states, solved)
     lengths = np.where(solved, hist_len - 1, -1)
@@ -99,27 +114,23 @@ def greedy_solve(policy, states, moves, max_moves=30):
 
 
 @njit(cache=True)
-def select_beam(kids, scores, width, out_idx):
-    """Indices of the `width` best (lowest score) distinct rows of kids (M, S). Returns count."""
-    m, s = kids.shape
-    order = np.argsort(scores)
-    size = 1
-    while size < 4 * width:
-        size *= 2
-    table = np.full(size, -1, np.int64)
-    count = 0
-    for r in range(m):
+def select_distinct(keys, width, start, table, out_idx, count):
+    """Scan keys[start:] (rows in priority order) and append the indices of rows whose key is
+    new to out_idx, until `count` reaches width. table (a power of two >= 2 * width, -1 =
+    empty) holds the rows already taken and carries over between calls. Returns count."""
+    m, k_n = keys.shape
+    size = table.shape[0]
+    for c in range(start, m):
         if count >= width:
             break
-        c = order[r]
-        h = _state_hash(kids[c])
+        h = _state_hash(keys[c])
         slot = np.int64(h & np.uint64(size - 1))
         dup = False
         while table[slot] >= 0:
             o = table[slot]
             same = True
-            for j in range(s):
-                if kids[o, j] != kids[c, j]:
+            for j in range(k_n):
+                if keys[o, j] != keys[c, j]:
                     same = False
                     break
             if same:
@@ -131,6 +142,22 @@ def select_beam(kids, scores, width, out_idx):
         table[slot] = c
         out_idx[count] = c
         count += 1
+    return count
+
+
+def hash_table(width):
+    size = 1
+    while size < 4 * width:
+        size *= 2
+    return np.full(size, -1, np.int64)
+
+
+def select_beam(kids, scores, width, out_idx):
+    """Indices of the `width` best (lowest score) distinct rows of kids (M, K). Returns count."""
+    order = np.argsort(scores, kind="stable")
+    sel = np.empty(width, np.int64)
+    count = select_distinct(np.ascontiguousarray(kids[order]), width, 0, hash_table(width), sel, 0)
+    out_idx[:count] = order[sel[:count]]
     return count
 
 
@@ -161,9 +188,18 @@ def beam_search(policy, state, moves, n_actions, width=64, max_depth=30):
                 path.append(int(act[parent]))
                 parent = int(par[parent])
             return path[::-1]
-        scores = -q.reshape(-1).astype(np.float64)
-        cnt = select_beam(flat, scores, width, sel)
-        chosen = sel[:cnt]
+        # best children first; keys only as far down the order as W distinct ones need
+        order = np.argsort(-q.reshape(-1).astype(np.float64), kind="stable")
+        m = order.shape[0]
+        table = hash_table(width)
+        keys = position_keys(policy, flat[order[:min(m, 3 * width)]])
+        cnt = select_distinct(keys, width, 0, table, sel, 0)
+        while cnt < width and keys.shape[0] < m:  # many equivalent children: look further down
+            done = keys.shape[0]
+            more = position_keys(policy, flat[order[done:min(m, 2 * done)]])
+            keys = np.concatenate([keys, more])
+            cnt = select_distinct(keys, width, done, table, sel, cnt)
+        chosen = order[sel[:cnt]]
         parents.append(chosen // n_actions)
         acts.append(chosen % n_actions)
         beam = flat[chosen].copy()

@@ -163,3 +163,33 @@ def test_symmetric_input_sends_symmetric_images_to_one_input(inputs, symmetry):
         Encoder(P2, 12, canonical=False, symmetry=6)
     with pytest.raises(ValueError, match="1, 6 or 48"):
         Encoder(P2, 12, symmetry=8)
+
+
+@pytest.mark.parametrize("inputs,symmetry", [("stickers", 1), ("pairs", 48)])
+def test_position_keys_identify_exactly_the_positions_the_encoder_identifies(inputs, symmetry):
+    """Keys are equal for the same position turned (and, with 48 symmetries, mirrored or
+    recoloured by a symmetry), different for different positions, and equal keys always
+    mean equal network inputs."""
+    from cubedqn.cube import symmetries
+    from cubedqn.nn import Workspace
+    perm, cmap, _ = symmetries("cube2")
+    enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry)
+    rng = np.random.default_rng(3)
+    states = np.stack([apply_moves(P2, P2.solved, rng.integers(0, 12, 14)) for _ in range(40)])
+    keys = enc.position_keys(states)
+    assert keys.dtype == np.uint8 and len({k.tobytes() for k in keys}) == len({s.tobytes() for s in states})
+    for s, key in zip(states[:5], keys[:5]):
+        turned = np.ascontiguousarray(s[P2.rotations])
+        assert (enc.position_keys(turned) == key).all()
+        images = np.ascontiguousarray([cmap[k][s[perm[k]]] for k in range(48)])
+        same = (enc.position_keys(images) == key).all(axis=1)
+        assert same.all() if symmetry == 48 else (same.sum() < 48 and same[0])
+    # a position's mirror image is a different key without symmetry: count distinct keys
+    ws = Workspace(Layout(enc.in_dim, enc.n_active, (4,), 12), len(states))
+    enc.encode(states, ws, 0, np.zeros(len(states), np.int64))
+    by_key = {}
+    for k, row in zip(keys, ws.idx):
+        assert by_key.setdefault(k.tobytes(), row.tobytes()) == row.tobytes()
+    cube3 = get_puzzle("cube3")
+    s3 = np.stack([cube3.solved, apply_moves(cube3, cube3.solved, [0])])
+    assert np.array_equal(Encoder(cube3, 12).position_keys(s3), s3)  # no symmetry: the stickers

@@ -7,7 +7,7 @@ from cubedqn.cube import apply_moves, expand_children, get_puzzle, invert_moves,
 from cubedqn.encoding import Encoder, Policy
 from cubedqn.nn import MLP, Layout
 from cubedqn.oracle import load_oracle
-from cubedqn.search import beam_search, greedy_solve, select_beam, solve_many, verify
+from cubedqn.search import beam_search, greedy_solve, hash_table, select_beam, select_distinct, solve_many, verify
 
 P2 = get_puzzle("cube2")
 MOVES = np.ascontiguousarray(P2.moves[:12])
@@ -70,6 +70,47 @@ def test_greedy_never_revisits_a_state():
         s = apply_moves(P2, s, [a])
         assert s.tobytes() not in seen
         seen.add(s.tobytes())
+
+
+def test_greedy_never_revisits_a_position_up_to_rotation():
+    """With the canonical encoder a position seen turned is the same position: R and L' lead
+    to one position, so a greedy cube may not take L' after R' (back where it was)."""
+    enc = Encoder(P2, 12)
+    net = Policy(MLP(Layout(enc.in_dim, enc.n_active, (16,), 12), seed=3), enc)
+
+    class Recording:  # the states greedy asks about are the cube's path
+        def __init__(self):
+            self.path = []
+
+        def q_values(self, states):
+            self.path.append(np.array(states[0]))
+            return net.q_values(states)
+
+        position_keys = staticmethod(net.position_keys)
+
+    rng = np.random.default_rng(5)
+    longest = 0
+    for _ in range(10):
+        start = apply_moves(P2, P2.solved, rng.integers(0, 12, 9))
+        rec = Recording()
+        greedy_solve(rec, start[None], MOVES, max_moves=30)
+        keys = {k.tobytes() for k in enc.position_keys(np.stack(rec.path))}
+        assert len(keys) == len(rec.path)  # every position asked about is new, up to rotation
+        longest = max(longest, len(rec.path))
+    assert longest > 5  # an untrained network wanders: the guard was exercised
+
+
+def test_select_distinct_skips_equal_keys_and_carries_its_table():
+    keys = np.array([[1, 2], [3, 4], [1, 2], [5, 6], [3, 4], [7, 8]], np.uint8)
+    out = np.empty(3, np.int64)
+    table = hash_table(3)
+    n = select_distinct(keys, 3, 0, table, out, 0)
+    assert n == 3 and out.tolist() == [0, 1, 3]
+    out = np.empty(4, np.int64)
+    table = hash_table(4)
+    n = select_distinct(keys[:3], 4, 0, table, out, 0)   # first chunk: 2 distinct
+    n = select_distinct(keys, 4, 3, table, out, n)        # the rest, against the same table
+    assert n == 4 and out.tolist() == [0, 1, 3, 5]
 
 
 def test_select_beam_deduplicates_exactly():
