@@ -74,8 +74,12 @@ def momentum_update(p, g, buf, scale, lr, mu, nesterov, wd):
 @njit(cache=True, fastmath=True, error_model="numpy")
 def adam_update(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
     """Adam (decoupled=False: L2 wd into g) / AdamW (decoupled=True). bc1/bc2 = 1 - beta^t."""
+    # every constant in the buffer's dtype: a float64 one would turn the float32 loop into
+    # mixed-precision arithmetic and halve its vector width
+    one = m.dtype.type(1)
     step = lr / bc1
-    inv_bc2 = 1.0 / bc2
+    inv_bc2 = one / bc2
+    c1, c2 = one - b1, one - b2
     tiny = m.dtype.type(1e-30)
     zero = m.dtype.type(0)
     for i in range(p.shape[0]):
@@ -84,8 +88,8 @@ def adam_update(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
             p[i] -= lr * wd * p[i]
         else:
             gi += wd * p[i]
-        mi = b1 * m[i] + (1 - b1) * gi
-        vi = b2 * v[i] + (1 - b2) * gi * gi
+        mi = b1 * m[i] + c1 * gi
+        vi = b2 * v[i] + c2 * gi * gi
         if abs(mi) < tiny:
             mi = zero
         if vi < tiny:
