@@ -274,13 +274,21 @@ def parse_depths(spec: str) -> list[int]:
     return out
 
 
-def check_search(search, beam_width, max_moves):
-    if search not in ("greedy", "beam"):
-        raise UserError(f"unknown search '{search}' (expected greedy or beam)")
+def check_search(search, beam_width, max_moves, weight=0.6):
+    from .search import SEARCHES
+    if search not in SEARCHES:
+        raise UserError(f"unknown search '{search}' (expected one of: {', '.join(SEARCHES)})")
     if beam_width <= 0:
         raise UserError(f"--beam-width must be positive, got {beam_width}")
     if max_moves <= 0:
         raise UserError(f"--max-moves must be positive, got {max_moves}")
+    if not 0 <= weight <= 1:
+        raise UserError(f"--astar-weight must be between 0 and 1, got {weight}")
+
+
+SEARCH_HELP = "greedy, beam or astar (batched weighted A*)"
+WIDTH_HELP = "beam width (beam), nodes expanded per forward pass (astar)"
+WEIGHT_HELP = "A*: f = weight * moves so far + estimated moves to go (1 = plain A*)"
 
 
 VIEWS_HELP = ("average the network over this many cube symmetries (1-48; 6 keep the 2x2x2's fixed "
@@ -297,18 +305,20 @@ def check_views(views):
 @click.option("--depths", default=None, help="scramble depths, e.g. 1-14 (default 1-14 cube2, 1-20 cube3)")
 @click.option("--n", "n", type=int, default=1000, show_default=True, help="cubes per depth")
 @click.option("--random-states", type=int, default=0, help="cube2: N uniformly random positions, scored against the oracle")
-@click.option("--search", default="greedy", show_default=True, help="greedy or beam")
-@click.option("--beam-width", type=int, default=64, show_default=True)
+@click.option("--search", default="greedy", show_default=True, help=SEARCH_HELP)
+@click.option("--beam-width", type=int, default=64, show_default=True, help=WIDTH_HELP)
+@click.option("--astar-weight", type=float, default=0.6, show_default=True, help=WEIGHT_HELP)
 @click.option("--max-moves", type=int, default=30, show_default=True, help="move limit per cube")
 @click.option("--views", type=int, default=1, show_default=True, help=VIEWS_HELP)
 @click.option("--seed", type=int, default=12345, show_default=True, help="seed of the test cubes")
 @click.option("--threads", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves, views, seed, threads, as_json):
+def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, astar_weight, max_moves, views, seed,
+             threads, as_json):
     """Solve rate, solution length and time per cube, by depth or on random positions."""
     from .dqn import eval_states, load_policy
     from .search import solve_many
-    check_search(search, beam_width, max_moves)
+    check_search(search, beam_width, max_moves, astar_weight)
     check_views(views)
     if n <= 0 or random_states < 0:
         raise UserError("--n must be positive and --random-states >= 0")
@@ -325,7 +335,8 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
             oracle = load_oracle(cfg.metric)
             states = oracle.random_states(random_states, np.random.default_rng(seed))
             optimal = oracle.distances(states)
-            ok, lengths, secs, _ = solve_many(policy, puzzle, states, n_actions, search, beam_width, max_moves)
+            ok, lengths, secs, _ = solve_many(policy, puzzle, states, n_actions, search, beam_width, max_moves,
+                                              astar_weight, cfg.gamma)
             for d in sorted(set(optimal.tolist())):
                 m = optimal == d
                 rows.append({"distance": d, "n": int(m.sum()), "solved_frac": float(ok[m].mean()),
@@ -337,7 +348,8 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
         else:
             for d in parse_depths(depths or ("1-14" if cfg.puzzle == "cube2" else "1-20")):
                 states = eval_states(puzzle, n_actions, d, n, seed)
-                ok, lengths, secs, _ = solve_many(policy, puzzle, states, n_actions, search, beam_width, max_moves)
+                ok, lengths, secs, _ = solve_many(policy, puzzle, states, n_actions, search, beam_width, max_moves,
+                                              astar_weight, cfg.gamma)
                 rows.append({"depth": d, "n": n, "solved_frac": float(ok.mean()),
                              "mean_length": float(lengths[ok].mean()) if ok.any() else None,
                              "median_seconds": float(np.median(secs))})
@@ -347,6 +359,8 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
     secs = np.concatenate(all_time)
     result = {"checkpoint": str(checkpoint), "puzzle": cfg.puzzle, "metric": cfg.metric, "search": search,
               "beam_width": beam_width if search == "beam" else None, "max_moves": max_moves,
+              "astar_batch": beam_width if search == "astar" else None,
+              "astar_weight": astar_weight if search == "astar" else None,
               "views": views, "rows": rows, "n": int(len(ok)), "solved_frac": float(ok.mean()),
               "mean_length": float(lengths[ok].mean()) if ok.any() else None,
               "median_seconds": float(np.median(secs))}
@@ -377,16 +391,17 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, max_moves
 @click.option("--checkpoint", required=True, type=click.Path(), help="run directory")
 @click.option("--scramble", default=None, help="moves applied to the solved cube, e.g. \"R U2 F'\"")
 @click.option("--facelets", default=None, help="facelet string (Kociemba order U R F D L B)")
-@click.option("--search", default="beam", show_default=True, help="greedy or beam")
-@click.option("--beam-width", type=int, default=256, show_default=True)
+@click.option("--search", default="beam", show_default=True, help=SEARCH_HELP)
+@click.option("--beam-width", type=int, default=256, show_default=True, help=WIDTH_HELP)
+@click.option("--astar-weight", type=float, default=0.6, show_default=True, help=WEIGHT_HELP)
 @click.option("--max-moves", type=int, default=40, show_default=True)
 @click.option("--views", type=int, default=1, show_default=True, help=VIEWS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def solve(checkpoint, scramble, facelets, search, beam_width, max_moves, views, as_json):
+def solve(checkpoint, scramble, facelets, search, beam_width, astar_weight, max_moves, views, as_json):
     """Solve one cube with the trained network and verify the solution."""
     from .dqn import load_policy
     from .search import solve_many
-    check_search(search, beam_width, max_moves)
+    check_search(search, beam_width, max_moves, astar_weight)
     check_views(views)
     if (scramble is None) == (facelets is None):
         raise UserError("give exactly one of --scramble or --facelets")
@@ -399,7 +414,7 @@ def solve(checkpoint, scramble, facelets, search, beam_width, max_moves, views, 
         for a in parse_moves(scramble, "htm"):
             state = state[puzzle.moves[a]]
     ok, lengths, secs, sols = solve_many(policy, puzzle, state[None], METRICS[cfg.metric], search,
-                                         beam_width, max_moves)
+                                         beam_width, max_moves, astar_weight, cfg.gamma)
     out = {"solution": format_moves(sols[0]) if ok[0] else "", "length": int(lengths[0]) if ok[0] else None,
            "solved": bool(ok[0]), "seconds": float(secs[0])}
     if as_json:

@@ -1,4 +1,4 @@
-"""Q-guided search: batched greedy rollouts and beam search, every solution verified.
+"""Q-guided search: batched greedy rollouts, beam search and weighted A*, every solution verified.
 
 Greedy: all cubes advance together, one forward pass per move over the unsolved ones;
 each takes its best-Q action whose result it has not visited before (a cube with no such
@@ -17,7 +17,10 @@ forward rows per depth, not W x actions. Children are deduplicated exactly (hash
 position key, then a byte comparison) and the W best distinct ones form the next beam;
 keys are computed only for the best-scored children, until W distinct ones are found.
 
-Both return action lists, and `verify` replays each on its start state.
+Weighted A* (DeepCubeA's batched BWAS): f = weight * g + h, h read off the parent's
+Q-values the same way, a batch of lowest-f nodes expanded per forward pass.
+
+All return action lists, and `verify` replays each on its start state.
 """
 
 from __future__ import annotations
@@ -206,12 +209,99 @@ def beam_search(policy, state, moves, n_actions, width=64, max_depth=30):
     return None
 
 
+def cost_to_go(q, gamma):
+    """Moves to solve implied by Q-values: Q(s, a) = -(1 - gamma^c) / (1 - gamma) for a cost
+    of c moves (taking a included), so c = log(1 + (1 - gamma) Q) / log(gamma); -Q if gamma = 1."""
+    c = -np.asarray(q, np.float64)
+    if gamma >= 1.0:
+        return c
+    return np.log(np.maximum(1.0 - (1.0 - gamma) * c, 1e-12)) / np.log(gamma)
+
+
+def astar_search(policy, state, moves, n_actions, batch=64, weight=0.6, max_depth=30, gamma=1.0,
+                 max_nodes=200_000):
+    """Batched weighted A* (DeepCubeA's BWAS, f = weight * g + h) with h from the Q-network.
+
+    Each iteration pops the `batch` open nodes of lowest f; one forward pass over them scores
+    all their children (h(child a) = cost_to_go(Q(node, a)) - 1, as in Q* search), and each
+    child whose position (see position_keys) was not reached before with a lower or equal g
+    is pushed. Returns the first solution found (shortest among the popped batch), or None
+    when the open set empties, max_nodes are generated, or only nodes at max_depth remain.
+    weight < 1 trades optimality for speed; weight = 1 is plain A* with a learned h.
+    """
+    import heapq
+    state = np.asarray(state, dtype=np.uint8)
+    if is_solved(state):
+        return []
+    s = state.shape[0]
+    states = np.empty((max_nodes, s), np.uint8)
+    parent = np.empty(max_nodes, np.int64)
+    action = np.empty(max_nodes, np.int64)
+    g = np.empty(max_nodes, np.int64)
+    states[0], parent[0], action[0], g[0] = state, -1, -1, 0
+    best_g = {position_keys(policy, state[None])[0].tobytes(): 0}
+    heap = [(0.0, 0)]
+    n_nodes = 1
+    kids = np.empty((batch, n_actions, s), np.uint8)
+    solved = np.empty(batch * n_actions, np.bool_)
+
+    def path_to(node, last):
+        out = [last]
+        while parent[node] >= 0:
+            out.append(int(action[node]))
+            node = int(parent[node])
+        return out[::-1]
+
+    while heap:
+        popped = []
+        while heap and len(popped) < batch:
+            _, i = heapq.heappop(heap)
+            if g[i] < max_depth:
+                popped.append(i)
+        if not popped:
+            break
+        idx = np.array(popped)
+        b = len(popped)
+        q = policy.q_values(states[idx])
+        k = kids[:b]
+        expand_children(states[idx], moves, n_actions, k)
+        flat = k.reshape(b * n_actions, s)
+        solved_batch(flat, solved[:b * n_actions])
+        hit = np.flatnonzero(solved[:b * n_actions])
+        if hit.size:
+            c = int(hit[np.argmin(g[idx[hit // n_actions]])])
+            return path_to(int(idx[c // n_actions]), c % n_actions)
+        if n_nodes + b * n_actions > max_nodes:
+            break
+        h = np.maximum(cost_to_go(q, gamma) - 1.0, 0.0).reshape(-1)
+        keys = position_keys(policy, flat)
+        for c in range(b * n_actions):
+            gc = int(g[idx[c // n_actions]]) + 1
+            key = keys[c].tobytes()
+            if best_g.get(key, max_depth + 1) <= gc:
+                continue
+            best_g[key] = gc
+            states[n_nodes], parent[n_nodes], action[n_nodes], g[n_nodes] = flat[c], idx[c // n_actions], \
+                c % n_actions, gc
+            heapq.heappush(heap, (weight * gc + h[c], n_nodes))
+            n_nodes += 1
+    return None
+
+
 def verify(puzzle, state, solution) -> bool:
     return solution is not None and is_solved(apply_moves(puzzle, state, solution))
 
 
-def solve_many(policy, puzzle, states, n_actions, search="greedy", beam_width=64, max_moves=30):
-    """Solve each state; returns (solved, lengths, seconds per cube, solutions), all verified."""
+SEARCHES = ("greedy", "beam", "astar")
+
+
+def solve_many(policy, puzzle, states, n_actions, search="greedy", beam_width=64, max_moves=30,
+               weight=0.6, gamma=1.0):
+    """Solve each state; returns (solved, lengths, seconds per cube, solutions), all verified.
+
+    beam_width is the beam's width, or the nodes A* expands per forward pass; weight and
+    gamma (the discount the network was trained with) are for A* only.
+    """
     states = np.atleast_2d(states)
     n = len(states)
     moves = np.ascontiguousarray(puzzle.moves)
@@ -225,8 +315,14 @@ def solve_many(policy, puzzle, states, n_actions, search="greedy", beam_width=64
             t = time.perf_counter()
             sols.append(beam_search(policy, states[i], moves, n_actions, beam_width, max_moves))
             per[i] = time.perf_counter() - t
+    elif search == "astar":
+        sols, per = [], np.zeros(n)
+        for i in range(n):
+            t = time.perf_counter()
+            sols.append(astar_search(policy, states[i], moves, n_actions, beam_width, weight, max_moves, gamma))
+            per[i] = time.perf_counter() - t
     else:
-        raise ValueError(f"unknown search '{search}' (expected greedy or beam)")
+        raise ValueError(f"unknown search '{search}' (expected one of: {', '.join(SEARCHES)})")
     ok = np.array([verify(puzzle, states[i], sols[i]) for i in range(n)], dtype=bool)
     lengths = np.array([len(sols[i]) if ok[i] else -1 for i in range(n)])
     sols = [sols[i] if ok[i] else None for i in range(n)]

@@ -131,7 +131,13 @@ def test_train_eval_solve_round_trip(trained):
     a, b, c = p2.corner_facelets[0]
     t[a], t[b], t[c] = t[c], t[a], t[b]  # twist one corner in place
     one_line_error(["solve", "--checkpoint", str(trained), "--facelets", "".join(t)], "corner twist")
-    one_line_error(["eval", "--checkpoint", str(trained), "--search", "astar"], "unknown search 'astar'")
+    d = json.loads(run(["eval", "--checkpoint", str(trained), "--random-states", "5", "--search", "astar",
+                        "--beam-width", "8", "--astar-weight", "0.8", "--max-moves", "14", "--json"]).output)
+    assert d["search"] == "astar" and d["astar_weight"] == 0.8 and d["astar_batch"] == 8
+    assert d["beam_width"] is None and d["n"] == 5
+    one_line_error(["eval", "--checkpoint", str(trained), "--search", "astra"], "unknown search 'astra'")
+    one_line_error(["solve", "--checkpoint", str(trained), "--scramble", "R", "--search", "astar",
+                    "--astar-weight", "2"], "--astar-weight must be between 0 and 1")
     one_line_error(["eval", "--checkpoint", str(trained), "--depths", "a-b"], "bad --depths")
     one_line_error(["train", "--out", str(trained), "--steps", "1"], "already holds a run")
 

@@ -7,7 +7,8 @@ from cubedqn.cube import apply_moves, expand_children, get_puzzle, invert_moves,
 from cubedqn.encoding import Encoder, Policy
 from cubedqn.nn import MLP, Layout
 from cubedqn.oracle import load_oracle
-from cubedqn.search import beam_search, greedy_solve, hash_table, select_beam, select_distinct, solve_many, verify
+from cubedqn.search import (astar_search, beam_search, cost_to_go, greedy_solve, hash_table, select_beam,
+                            select_distinct, solve_many, verify)
 
 P2 = get_puzzle("cube2")
 MOVES = np.ascontiguousarray(P2.moves[:12])
@@ -59,6 +60,28 @@ def test_oracle_policy_is_optimal_for_greedy_and_narrow_beam(oracle):
     assert ok.all() and np.array_equal(lengths, optimal)
     ok, lengths, _, _ = solve_many(OraclePolicy(oracle), P2, states[:5], 12, "beam", beam_width=2, max_moves=20)
     assert ok.all() and np.array_equal(lengths, optimal[:5])
+
+
+def test_astar_with_the_exact_heuristic_is_optimal_and_any_network_solves_short_scrambles(oracle):
+    states = oracle.random_states(12, np.random.default_rng(2))
+    optimal = oracle.distances(states)
+    ok, lengths, _, _ = solve_many(OraclePolicy(oracle), P2, states, 12, "astar", beam_width=1, max_moves=20,
+                                   weight=1.0)
+    assert ok.all() and np.array_equal(lengths, optimal)  # an exact h: A* expands the optimal path only
+    for scramble in ("R", "R U", "F' R U"):
+        state = apply_moves(P2, P2.solved, parse_moves(scramble, "qtm"))
+        sol = astar_search(untrained(), state, MOVES, 12, batch=256, weight=1.0, max_depth=8)
+        assert verify(P2, state, sol) and len(sol) <= 8
+    assert astar_search(untrained(), P2.solved, MOVES, 12) == []
+    far = states[np.argmax(optimal)]
+    assert astar_search(untrained(), far, MOVES, 12, batch=4, max_depth=3) is None  # too deep: gives up
+
+
+def test_cost_to_go_inverts_the_discounted_value():
+    for gamma in (0.99, 0.9, 1.0):
+        c = np.arange(1, 15, dtype=np.float64)
+        q = -c if gamma == 1.0 else -(1 - gamma ** c) / (1 - gamma)
+        np.testing.assert_allclose(cost_to_go(q, gamma), c, rtol=1e-9)
 
 
 def test_greedy_never_revisits_a_state():
