@@ -108,8 +108,6 @@ class CudaLearner(Learner):
             raise ValueError("--device cuda does not support dueling heads yet")
         if kw.get("lomo") or kw.get("grad_accum", 1) > 1:
             raise ValueError("--device cuda does not support lomo or grad_accum > 1")
-        if kw.get("sparse_update"):
-            raise ValueError("--device cuda does not support sparse_update (use --no-sparse-update)")
         if np.dtype(kw.get("dtype", np.float32)) != np.float32:
             raise ValueError("--device cuda runs float32 only")
         if not kw.get("sparse", True):
@@ -138,6 +136,7 @@ class CudaLearner(Learner):
         self.d_solved = cuda.device_array(m * self.n_rep, np.bool_)
         self.d_act_map = cuda.to_device(np.ascontiguousarray(encoder.act_map))
         self.d_rep_of = cuda.to_device(np.ascontiguousarray(encoder.child_rep_of))
+        self.d_touched = cuda.device_array(max(m * layout.n_active, 1) if self.sparse_update else 1, np.int64)
         self.host_stale = False
 
     # -- the step (mirrors Learner.train_step / _forward_loss) ---------------------------
@@ -194,7 +193,15 @@ class CudaLearner(Learner):
         device_backward(self.d_online, self.d_grads, self.d_ws, m, self.d_grad0)
         cuda.synchronize()
         t2 = clock()
-        self.d_opt.step(self.d_online.flat, self.d_grads.flat)
+        if self.sparse_update:
+            # lazy first-layer update: the host knows the batch's input rows (it encoded them)
+            touched = np.unique(self.ws.idx[:m]).astype(np.int64)
+            self.d_touched[:touched.size].copy_to_device(touched)
+            h1 = self.layout.widths[1]
+            self.d_opt.step_rows(self.d_online.flat, self.d_grads.flat, self.d_touched, touched.size, h1,
+                                 self.layout.in_dim * h1)
+        else:
+            self.d_opt.step(self.d_online.flat, self.d_grads.flat)
         cuda.synchronize()
         self.updates += 1
         self.host_stale = True

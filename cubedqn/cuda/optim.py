@@ -46,17 +46,31 @@ def sq_norm(g, out):
     _sq_norm_kernel[blocks, _BLOCK](g, out, g.shape[0])
 
 
+# One thread per updated element. Thread k < n_rows * width updates element k % width of
+# row touched[k // width] of the first layer (lazy updates, mirroring optim.*_update_rows);
+# the others update params[dense_from:]. A dense step is n_rows = 0, dense_from = 0.
+
+@cuda.jit(device=True)
+def _element(k, touched, n_rows, width, dense_from):
+    head = n_rows * width
+    if k < head:
+        return touched[k // width] * width + k % width
+    return dense_from + (k - head)
+
+
 @cuda.jit
-def _sgd_kernel(p, g, scale, lr, wd, n):
-    i = cuda.grid(1)
-    if i < n:
+def _sgd_kernel(p, g, scale, lr, wd, touched, n_rows, width, dense_from, n):
+    k = cuda.grid(1)
+    if k < n_rows * width + n - dense_from:
+        i = _element(k, touched, n_rows, width, dense_from)
         p[i] -= lr * (g[i] * scale + wd * p[i])
 
 
 @cuda.jit
-def _momentum_kernel(p, g, buf, scale, lr, mu, nesterov, wd, n):
-    i = cuda.grid(1)
-    if i < n:
+def _momentum_kernel(p, g, buf, scale, lr, mu, nesterov, wd, touched, n_rows, width, dense_from, n):
+    k = cuda.grid(1)
+    if k < n_rows * width + n - dense_from:
+        i = _element(k, touched, n_rows, width, dense_from)
         gi = g[i] * scale + wd * p[i]
         b = mu * buf[i] + gi
         buf[i] = b
@@ -67,16 +81,18 @@ def _momentum_kernel(p, g, buf, scale, lr, mu, nesterov, wd, n):
 
 
 @cuda.jit
-def _adam_kernel(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled, n):
-    i = cuda.grid(1)
-    if i < n:
+def _adam_kernel(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled, touched, n_rows, width,
+                 dense_from, n):
+    k = cuda.grid(1)
+    if k < n_rows * width + n - dense_from:
+        i = _element(k, touched, n_rows, width, dense_from)
         gi = g[i] * scale
         if decoupled:
             p[i] -= lr * wd * p[i]
         else:
             gi += wd * p[i]
-        mi = b1 * m[i] + (1 - b1) * gi
-        vi = b2 * v[i] + (1 - b2) * gi * gi
+        mi = b1 * m[i] + (float32(1.0) - b1) * gi
+        vi = b2 * v[i] + (float32(1.0) - b2) * gi * gi
         m[i] = mi
         v[i] = vi
         p[i] -= (lr / bc1) * mi / (math.sqrt(vi / bc2) + eps)
@@ -102,9 +118,16 @@ class CudaOptimizer:
         self.m = cuda.to_device(host_opt.m) if host_opt.m.size else None
         self.v = cuda.to_device(host_opt.v) if host_opt.v.size else None
         self.norm_buf = cuda.device_array(1, dtype="float32")
+        self.no_rows = cuda.device_array(1, dtype="int64")  # placeholder for dense steps
         self.size = size
 
     def step(self, params, grads):
+        return self.step_rows(params, grads, self.no_rows, 0, 0, 0)
+
+    def step_rows(self, params, grads, touched, n_rows, width, dense_from):
+        """step() with lazy first-layer rows (mirrors Optimizer.step_rows): rows touched[:n_rows]
+        of params[:dense_from] and all of params[dense_from:]. The norm is taken over the
+        whole gradient: the backward pass leaves the other first-layer rows zero."""
         h = self.h
         h.begin_step()
         sq_norm(grads, self.norm_buf)
@@ -113,17 +136,18 @@ class CudaOptimizer:
         if h.clip == "global" and h.max_grad_norm > 0 and norm > h.max_grad_norm:
             scale = h.max_grad_norm / (norm + 1e-6)
         n = self.size
-        g, b = _grid1(n)
+        rows = (touched, n_rows, width, dense_from, n)
+        g, b = _grid1(max(n_rows * width + n - dense_from, 1))
         f = float32
         if h.kind == "sgd":
-            _sgd_kernel[g, b](params, grads, f(scale), f(h.lr), f(h.weight_decay), n)
+            _sgd_kernel[g, b](params, grads, f(scale), f(h.lr), f(h.weight_decay), *rows)
         elif h.kind in ("momentum", "nesterov"):
             _momentum_kernel[g, b](params, grads, self.m, f(scale), f(h.lr), f(h.momentum),
-                                   h.kind == "nesterov", f(h.weight_decay), n)
+                                   h.kind == "nesterov", f(h.weight_decay), *rows)
         else:
             b1, b2 = h.betas
             _adam_kernel[g, b](params, grads, self.m, self.v, f(scale), f(h.lr), f(b1), f(b2), f(h.eps),
-                               f(1 - b1 ** h.t), f(1 - b2 ** h.t), f(h.weight_decay), h.kind == "adamw", n)
+                               f(1 - b1 ** h.t), f(1 - b2 ** h.t), f(h.weight_decay), h.kind == "adamw", *rows)
         h.last_norm = norm
         return norm
 

@@ -101,12 +101,15 @@ def batch(n, seed):
     return b
 
 
-@pytest.mark.parametrize("targets, opt", [("double", "momentum"), ("all-actions", "adam"), ("dqn", "sgd")])
-def test_three_training_steps_equal_cpu(targets, opt):
+@pytest.mark.parametrize("targets, opt, lazy", [("double", "momentum", False), ("all-actions", "adam", False),
+                                               ("dqn", "sgd", False), ("all-actions", "adam", True),
+                                               ("double", "momentum", True)])
+def test_three_training_steps_equal_cpu(targets, opt, lazy):
     from cubedqn.nn import Layout
     layout = Layout(144, 24, (8,), 12)
     moves = np.ascontiguousarray(P2.moves[:12])
-    kw = dict(targets=targets, optimizer=opt, lr=0.05, max_grad_norm=0.5, seed=3, target_update_interval=2)
+    kw = dict(targets=targets, optimizer=opt, lr=0.05, max_grad_norm=0.5, seed=3, target_update_interval=2,
+              sparse_update=lazy)
     cpu = Learner(layout, moves, 4, Encoder(P2, 12), **kw)
     gpu = CudaLearner(layout, moves, 4, Encoder(P2, 12), **kw)
     for k in range(3):
@@ -117,6 +120,10 @@ def test_three_training_steps_equal_cpu(targets, opt):
     gpu.sync_host()
     np.testing.assert_allclose(gpu.online.params, cpu.online.params, rtol=1e-4, atol=1e-5)
     assert cpu.opt.t == gpu.opt.t == 3
+    gpu.d_opt.to_host()
+    np.testing.assert_allclose(gpu.opt.m, cpu.opt.m, rtol=1e-4, atol=1e-6)  # untouched rows: still zero if lazy
+    if lazy:
+        assert (cpu.opt.m[:144 * 8] == 0).any() and (cpu.opt.m[:144 * 8] != 0).any()
 
 
 def test_profile_device_cuda_runs_under_the_simulator():
