@@ -281,7 +281,8 @@ class Trainer:
             "layout": self.layout.describe(), "param_count": self.layout.size,
             "grad_steps": self.grad_steps, "env_steps": self.env_steps, "vec_steps": self.vec_steps,
             "episodes": self.episodes, "solved_episodes": self.solved_episodes, "pending": self.pending,
-            "depth": self.depth, "last_solve_rate": self.last_solve_rate, "progress": self.progress() if self._budget is not None else self.saved_progress,
+            "depth": self.depth, "last_solve_rate": self.last_solve_rate,
+            "progress": self.progress() if self._budget is not None else self.saved_progress,
             "optimizer_t": self.learner.opt.t, "updates": self.learner.updates,
             "rng": rng_to_list(self.rng), "has_replay": bool(self.cfg.save_replay),
         }
