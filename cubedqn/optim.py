@@ -210,9 +210,7 @@ class Optimizer:
             self.last_norm = math.sqrt(total)
             return self.last_norm
         norm = math.sqrt(sq_norm(grads))
-        scale = 1.0
-        if self.clip == "global" and self.max_grad_norm > 0 and norm > self.max_grad_norm:
-            scale = self.max_grad_norm / (norm + 1e-6)
+        scale = self.clip_scale(norm)
         self._update(params, grads, 0, params.shape[0], scale)
         self.last_norm = norm
         return norm
@@ -228,9 +226,7 @@ class Optimizer:
             raise ValueError("row-sparse updates support clip = global or none, not layer")
         self.begin_step()
         norm = math.sqrt(sq_norm_rows(grads, touched, n, width) + sq_norm(grads[dense_from:]))
-        scale = 1.0
-        if self.clip == "global" and self.max_grad_norm > 0 and norm > self.max_grad_norm:
-            scale = self.max_grad_norm / (norm + 1e-6)
+        scale = self.clip_scale(norm)
         f = self.dtype.type
         lr, wd, sc = f(self.lr), f(self.weight_decay), f(scale)
         if self.kind == "sgd":
@@ -245,6 +241,12 @@ class Optimizer:
         self._update(params, grads[dense_from:], dense_from, params.shape[0], scale)
         self.last_norm = norm
         return norm
+
+    def clip_scale(self, norm: float) -> float:
+        """The factor global-norm clipping applies to a gradient of this norm (1 = no clip)."""
+        if self.clip == "global" and self.max_grad_norm > 0 and norm > self.max_grad_norm:
+            return self.max_grad_norm / (norm + 1e-6)
+        return 1.0
 
     def begin_step(self):
         self.lr = schedule_lr(self.schedule, self.lr0, self.lr_final, self.t, self.total_steps, self.progress)

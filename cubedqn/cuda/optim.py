@@ -132,9 +132,7 @@ class CudaOptimizer:
         h.begin_step()
         sq_norm(grads, self.norm_buf)
         norm = math.sqrt(float(self.norm_buf.copy_to_host()[0]))
-        scale = 1.0
-        if h.clip == "global" and h.max_grad_norm > 0 and norm > h.max_grad_norm:
-            scale = h.max_grad_norm / (norm + 1e-6)
+        scale = h.clip_scale(norm)
         n = self.size
         rows = (touched, n_rows, width, dense_from, n)
         g, b = _grid1(max(n_rows * width + n - dense_from, 1))
