@@ -305,6 +305,8 @@ class Encoder:
             raise ValueError("input_symmetry > 1 needs cube2 with canonical_input")
         self.puzzle, self.n_actions, self.sparse, self.inputs = puzzle, n_actions, sparse, inputs
         self.canonical = bool(canonical and puzzle.n == 2)
+        # 2x2x2 states go through frames and corner codes unless plain stickers are asked for
+        self.framed = puzzle.n == 2 and (self.canonical or inputs != "stickers")
         self.symmetry = int(symmetry)
         self.in_dim, self.n_active = INPUT_SHAPES.get(inputs, (puzzle.n_stickers * 6, puzzle.n_stickers))
         self._codes = np.zeros((0, 8), np.int64)
@@ -386,7 +388,7 @@ class Encoder:
         rotations for the canonical 2x2x2 encoder, all 48 symmetries with input_symmetry 48.
         Otherwise the stickers themselves. Search compares these instead of raw states."""
         states = np.ascontiguousarray(np.atleast_2d(states), dtype=np.uint8)
-        if self.puzzle.n != 2 or (not self.canonical and self.inputs == "stickers"):
+        if not self.framed:
             return states.copy()
         n = len(states)
         codes = np.zeros((n, 8), np.int64)
@@ -396,7 +398,7 @@ class Encoder:
     def encode(self, states, ws, row0=0, rot=None):
         """Write the input rows [row0, row0+n) of workspace ws; fills rot (n,) with the frames."""
         n = len(states)
-        if self.puzzle.n != 2 or (not self.canonical and self.inputs == "stickers"):
+        if not self.framed:
             if self.sparse:
                 encode_index(states, ws.idx[row0:row0 + n])
             else:
