@@ -155,11 +155,21 @@ def hash_table(width):
     return np.full(size, -1, np.int64)
 
 
-def select_beam(kids, scores, width, out_idx):
-    """Indices of the `width` best (lowest score) distinct rows of kids (M, K). Returns count."""
+def select_beam(policy, kids, scores, width, out_idx):
+    """Indices of the `width` best (lowest score) distinct positions among kids (M, S), compared
+    by the policy's position keys (raw stickers for a policy without them). Keys are computed
+    down the score order only as far as W distinct ones need. Returns the count."""
     order = np.argsort(scores, kind="stable")
+    m = order.shape[0]
+    table = hash_table(width)
     sel = np.empty(width, np.int64)
-    count = select_distinct(np.ascontiguousarray(kids[order]), width, 0, hash_table(width), sel, 0)
+    keys = position_keys(policy, kids[order[:min(m, 3 * width)]])
+    count = select_distinct(keys, width, 0, table, sel, 0)
+    while count < width and keys.shape[0] < m:  # many equivalent children: look further down
+        done = keys.shape[0]
+        more = position_keys(policy, kids[order[done:min(m, 2 * done)]])
+        keys = np.concatenate([keys, more])
+        count = select_distinct(keys, width, done, table, sel, count)
     out_idx[:count] = order[sel[:count]]
     return count
 
@@ -191,18 +201,8 @@ def beam_search(policy, state, moves, n_actions, width=64, max_depth=30):
                 path.append(int(act[parent]))
                 parent = int(par[parent])
             return path[::-1]
-        # best children first; keys only as far down the order as W distinct ones need
-        order = np.argsort(-q.reshape(-1).astype(np.float64), kind="stable")
-        m = order.shape[0]
-        table = hash_table(width)
-        keys = position_keys(policy, flat[order[:min(m, 3 * width)]])
-        cnt = select_distinct(keys, width, 0, table, sel, 0)
-        while cnt < width and keys.shape[0] < m:  # many equivalent children: look further down
-            done = keys.shape[0]
-            more = position_keys(policy, flat[order[done:min(m, 2 * done)]])
-            keys = np.concatenate([keys, more])
-            cnt = select_distinct(keys, width, done, table, sel, cnt)
-        chosen = order[sel[:cnt]]
+        cnt = select_beam(policy, flat, -q.reshape(-1).astype(np.float64), width, sel)
+        chosen = sel[:cnt]
         parents.append(chosen // n_actions)
         acts.append(chosen % n_actions)
         beam = flat[chosen].copy()

@@ -141,7 +141,7 @@ def test_select_beam_deduplicates_exactly():
     b = apply_moves(P2, P2.solved, [0])
     kids = np.ascontiguousarray(np.stack([a, b, a, a, b, P2.solved]))
     out = np.empty(3, np.int64)
-    n = select_beam(kids, np.array([0.0, 1.0, -1.0, 0.5, 2.0, 3.0]), 3, out)
+    n = select_beam(None, kids, np.array([0.0, 1.0, -1.0, 0.5, 2.0, 3.0]), 3, out)
     assert n == 3 and out[:n].tolist() == [2, 1, 5]  # best copy of a, then b, then solved
 
 
