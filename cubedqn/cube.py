@@ -263,7 +263,7 @@ def symmetries(name: str):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def conjugate_states(states, perm, colour_map, out):
     """out[i] = colour_map[states[i][perm]]: every state seen through one symmetry."""
     n, s = states.shape
@@ -455,7 +455,7 @@ def ascii_net(state: np.ndarray) -> str:
 # ---------------------------------------------------------------------------------------
 # Batched Numba kernels. States are (N, S) uint8, C-contiguous.
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def apply_actions(states, actions, moves, out):
     """out[i] = states[i] after action actions[i]; states and out (N,S) must not alias."""
     n, s = states.shape
@@ -465,7 +465,7 @@ def apply_actions(states, actions, moves, out):
             out[i, j] = states[i, perm[j]]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def apply_actions_inplace(states, actions, moves, tmp):
     """states[i] <- states[i] after actions[i]; tmp is (S,) scratch. A negative action is a no-op."""
     n, s = states.shape
@@ -480,7 +480,7 @@ def apply_actions_inplace(states, actions, moves, tmp):
             states[i, j] = tmp[j]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def expand_children(states, moves, n_actions, out):
     """out[i, a] = child of states[i] under action a; states (N,S), out (N,A,S)."""
     n, s = states.shape
@@ -491,14 +491,14 @@ def expand_children(states, moves, n_actions, out):
                 out[i, a, j] = states[i, perm[j]]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def inverse_of(a):
     if a < 12:
         return a ^ 1
     return a
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scramble_into(states, depths, moves, n_actions, rng, no_undo, record):
     """Apply depths[i] random actions to states[i] in place (rng: a cubedqn.rng state).
 
@@ -514,7 +514,7 @@ def scramble_into(states, depths, moves, n_actions, rng, no_undo, record):
         scramble_row(states[i], depths[i], moves, n_actions, rng, no_undo, tmp, record[i], keep)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scramble_row(row, depth, moves, n_actions, rng, no_undo, tmp, record_row, keep):
     """Apply `depth` random actions to one (S,) state in place; tmp is (S,) scratch."""
     s = row.shape[0]
@@ -534,7 +534,7 @@ def scramble_row(row, depth, moves, n_actions, rng, no_undo, tmp, record_row, ke
         prev = a
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def solved_row(state):
     """Every face of one (S,) state is one colour."""
     per = state.shape[0] // 6
@@ -546,14 +546,14 @@ def solved_row(state):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def solved_batch(states, out):
     """out[i] = every face of states[i] is one colour."""
     for i in range(states.shape[0]):
         out[i] = solved_row(states[i])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def encode_onehot(states, out):
     """Dense one-hot input: out (N, S*6) float, out[i, 6*j + c] = 1 where sticker j has colour c."""
     n, s = states.shape
@@ -563,7 +563,7 @@ def encode_onehot(states, out):
             out[i, 6 * j + states[i, j]] = 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def encode_index(states, out):
     """Sparse index input: out (N, S) int32, out[i, j] = 6*j + colour of sticker j."""
     n, s = states.shape

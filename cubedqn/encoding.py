@@ -20,13 +20,15 @@ view) and act_map relabels actions through both (see `choose_frame`).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from numba import njit
 
 from .cube import conjugate_states, encode_index, encode_onehot, symmetries
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def find_rotations(states, rotations, fac, colours, rot_out):
     """rot_out[i] = index of the rotation that brings the DBL cubie home (0 if none does)."""
     for i in range(states.shape[0]):
@@ -39,7 +41,7 @@ def find_rotations(states, rotations, fac, colours, rot_out):
                 break
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def corner_code(state, perm, cmap, fac, corner_lookup):
     """3*cubie + twist of the corner slot with facelets fac, the state seen through (perm, cmap)."""
     c0 = cmap[state[perm[fac[0]]]]
@@ -55,7 +57,7 @@ def corner_code(state, perm, cmap, fac, corner_lookup):
     return 3 * (cubie if cubie >= 0 else 0) + t
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def choose_frame(states, rotations, identity_cmap, corner_facelets, corner_lookup, n_view, xcubie, rot_of,
                  src_slot, code_map, n_rr, n_sym, base, where, codes, frame):
     """frame[i] = r0 * n_view + v: the frame state i is encoded in; codes[i] = its 8 corner codes.
@@ -99,7 +101,7 @@ def choose_frame(states, rotations, identity_cmap, corner_facelets, corner_looku
         frame[i] = r0 * n_view + best_v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def corner_tables(view_perm, view_cmap, corner_facelets, corner_colours, corner_lookup, slot_of_facelet,
                   slot_map, code_map):
     """For every view v (view = cmap_v[x[perm_v]]): where each corner of x goes, and its code there.
@@ -140,7 +142,7 @@ def coset_representatives(sym_perm, sym_cmap):
     return reps
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def encode_index_framed(states, frame_perm, frame_cmap, frame, out):
     """out[i, j] = 6*j + colour of sticker j of states[i] seen through frame[i]."""
     n, s = states.shape
@@ -150,7 +152,7 @@ def encode_index_framed(states, frame_perm, frame_cmap, frame, out):
             out[i, j] = 6 * j + cmap[states[i, perm[j]]]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def encode_onehot_framed(states, frame_perm, frame_cmap, frame, out):
     n, s = states.shape
     out[:] = 0
@@ -160,7 +162,7 @@ def encode_onehot_framed(states, frame_perm, frame_cmap, frame, out):
             out[i, 6 * j + cmap[states[i, perm[j]]]] = 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def encode_cubies_from_codes(codes, out):
     """out[i, k] = 24*k + codes[i, k]: which cubie sits in corner slot k and how it is twisted,
     one active input per slot (8 of 192), instead of three sticker colours per corner."""
@@ -169,7 +171,7 @@ def encode_cubies_from_codes(codes, out):
             out[i, k] = 24 * k + codes[i, k]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def encode_pairs_from_codes(codes, out):
     """out[i, p] = 441*p + 21*v[k] + v[l] for the p-th pair (k < l) of the seven free slots.
 
@@ -192,7 +194,7 @@ def encode_pairs_from_codes(codes, out):
                 p += 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def q_to_world(qc, rot, act_map, out):
     """out[i, a] = qc[i, act_map[rot[i], a]]: canonical-frame Q-values to the state's own frame."""
     n, a_n = out.shape
@@ -202,13 +204,13 @@ def q_to_world(qc, rot, act_map, out):
             out[i, a] = qc[i, m[a]]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def actions_to_canonical(actions, rot, act_map, out):
     for i in range(actions.shape[0]):
         out[i] = act_map[rot[i], actions[i]]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rows_to_canonical(y, rot, act_map, out):
     """out[i, act_map[rot[i], a]] = y[i, a] (a per-action target vector into the canonical frame)."""
     n, a_n = y.shape
@@ -374,6 +376,13 @@ class Encoder:
         self.child_reps, self.child_rep_of = child_representatives(puzzle, n_actions) if self.canonical \
             else (np.arange(n_actions), np.arange(n_actions))
 
+    def fork(self):
+        """A copy sharing every table, with its own scratch buffers: one per thread."""
+        twin = copy.copy(self)
+        twin._codes = np.zeros((0, 8), np.int64)
+        twin._base, twin._where = np.zeros(8, np.int64), np.zeros(8, np.int64)
+        return twin
+
     def frames(self, states, frame, codes):
         """frame (n,): the frame each state is encoded in (0 when not canonical); codes (n, 8):
         its corner codes (3*cubie + twist per slot) in that frame (2x2x2 only)."""
@@ -436,6 +445,13 @@ class Policy:
             perm, cmap, mmap = symmetries(encoder.puzzle.name)
             self._sym = (np.ascontiguousarray(perm[:self.views]), np.ascontiguousarray(cmap[:self.views]),
                          np.ascontiguousarray(mmap[:self.views, :net.layout.n_actions]))
+
+    def fork(self):
+        """A policy on the same network (weights shared, not copied) with its own workspaces
+        and encoder scratch, so that several threads can search at once."""
+        twin = copy.copy(self)
+        twin.encoder, twin._ws = self.encoder.fork(), {}
+        return twin
 
     def position_keys(self, states) -> np.ndarray:
         """Rows equal exactly for equivalent positions (see Encoder.position_keys)."""

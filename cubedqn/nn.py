@@ -121,7 +121,7 @@ class Workspace:
 # ---------------------------------------------------------------------------------------
 # Layer kernels
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def sparse_forward(idx, W, b, out, relu):
     """idx is (B,S) int32 row indices into W (in,H); out (B,H) = b + sum_s W[idx[:,s]].
 
@@ -155,7 +155,7 @@ def sparse_forward(idx, W, b, out, relu):
                     o[j] = 0
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def sparse_backward(idx, dout, dW, db):
     """dW (in,H) = scatter-add of dout (B,H) rows at idx (B,S); db = sum of dout rows."""
     n, s = idx.shape
@@ -172,7 +172,7 @@ def sparse_backward(idx, dout, dW, db):
                 w[j] += d[j]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def sparse_backward_rows(idx, dout, dW, db, mark, touched, n_prev):
     """sparse_backward for lazy updates: dW stays zero outside the rows this batch touched.
 
@@ -205,7 +205,7 @@ def sparse_backward_rows(idx, dout, dW, db, mark, touched, n_prev):
     return n_rows
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def dense_forward(x, W, b, out, relu):
     """x (B,in), W (in,out), b (out,) -> out (B,out) = x @ W + b, then ReLU if relu."""
     np.dot(x, W, out)
@@ -217,7 +217,7 @@ def dense_forward(x, W, b, out, relu):
             o[j] = v if (v > 0 or not relu) else 0
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def dense_backward(x, dout, W, dW, db, dx, x_is_relu):
     """Given dout (B,out): dW = x.T @ dout, db = sum rows, dx = (dout @ W.T) * (x > 0).
 
@@ -239,7 +239,7 @@ def dense_backward(x, dout, W, dW, db, dx, x_is_relu):
                         dx[i, j] = 0
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def dueling_forward(head, q):
     """head (B, A+1) = [advantages, value] -> q (B,A) = V + A - mean(A)."""
     n, a = q.shape
@@ -252,7 +252,7 @@ def dueling_forward(head, q):
             q[i, j] = head[i, a] + head[i, j] - m
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def dueling_backward(dq, dhead):
     n, a = dq.shape
     for i in range(n):
@@ -267,7 +267,7 @@ def dueling_backward(dq, dhead):
 # ---------------------------------------------------------------------------------------
 # Whole-network kernels (one call per direction; Ws/bs/acts/deltas are tuples of views)
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def mlp_forward(idx, x, sparse, Ws, bs, acts, rows):
     """Forward over the first `rows` rows: idx (B,S) if sparse else x (B,in); fills acts."""
     L = len(Ws)
@@ -279,7 +279,7 @@ def mlp_forward(idx, x, sparse, Ws, bs, acts, rows):
         dense_forward(acts[l - 1][:rows], Ws[l], bs[l], acts[l][:rows], l < L - 1)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
     """Backward through layers L-1 .. 1, leaving dLoss/d(first layer output) in deltas[0]."""
     L = len(Ws)
@@ -288,7 +288,7 @@ def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
                        deltas[l - 1][:rows], True)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def mlp_backward(idx, x, sparse, Ws, acts, deltas, dWs, dbs, rows):
     """Backward from deltas[-1] (dLoss/dhead, first `rows` rows) into dWs/dbs.
 
@@ -304,7 +304,7 @@ def mlp_backward(idx, x, sparse, Ws, acts, deltas, dWs, dbs, rows):
 # ---------------------------------------------------------------------------------------
 # Losses on the Q head. loss = scale * sum_i w_i * sum_terms l(q - y); dq gets dLoss/dq.
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def _elem_loss(d, kind):
     """(loss, dloss/dd) for residual d: Huber (delta 1, smooth L1) or 0.5 d^2."""
     if kind == 0:
@@ -315,7 +315,7 @@ def _elem_loss(d, kind):
     return 0.5 * d * d, d
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def loss_taken(q, actions, targets, weights, scale, kind, dq, td, rows):
     """Loss on the taken action's Q. q,dq (B,A); actions,targets,weights,td (B,).
 
@@ -334,7 +334,7 @@ def loss_taken(q, actions, targets, weights, scale, kind, dq, td, rows):
     return loss * scale
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def loss_full(q, targets, weights, scale, kind, dq, td, rows):
     """Loss on every action's Q against a target vector: q, targets, dq (B,A); td (B,) = max |q - y|."""
     loss = 0.0

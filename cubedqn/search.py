@@ -33,7 +33,7 @@ from numba import njit
 from .cube import apply_moves, expand_children, is_solved, solved_batch
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _state_hash(state):
     h = np.uint64(14695981039346656037)
     for j in range(state.shape[0]):
@@ -47,7 +47,7 @@ def position_keys(policy, states):
     return np.ascontiguousarray(states if f is None else f(states), dtype=np.uint8)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _visited(hist, n_hist, key):
     k_n = key.shape[0]
     for k in range(n_hist):
@@ -61,7 +61,7 @@ def _visited(hist, n_hist, key):
     return False
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def greedy_step(q, rows, kids, kid_keys, states, hist, hist_len, actions_out, stuck):
     """Cube rows[k] (q row k, children kids[k], their keys kid_keys[k]) takes its best action
     to a position not visited before; states and the key history are updated in place."""
@@ -116,7 +116,7 @@ def greedy_solve(policy, states, moves, max_moves=30):
     return solved, lengths, sols
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def select_distinct(keys, width, start, table, out_idx, count):
     """Scan keys[start:] (rows in priority order) and append the indices of rows whose key is
     new to out_idx, until `count` reaches width. table (a power of two >= 2 * width, -1 =
@@ -296,34 +296,86 @@ SEARCHES = ("greedy", "beam", "astar")
 
 
 def solve_many(policy, puzzle, states, n_actions, search="greedy", beam_width=64, max_moves=30,
-               weight=0.6, gamma=1.0):
+               weight=0.6, gamma=1.0, threads=1):
     """Solve each state; returns (solved, lengths, seconds per cube, solutions), all verified.
 
     beam_width is the beam's width, or the nodes A* expands per forward pass; weight and
     gamma (the discount the network was trained with) are for A* only.
+
+    threads > 1 solves several cubes at once, one per thread, each with its own copy of the
+    policy's workspaces (Policy.fork); the kernels release the GIL and BLAS is held to one
+    thread meanwhile, so T threads use T cores. Beam and A* hand out cubes one at a time;
+    greedy gives each thread a contiguous share. Results equal the one-thread results.
     """
     states = np.atleast_2d(states)
     n = len(states)
-    moves = np.ascontiguousarray(puzzle.moves)
-    if search == "greedy":
-        t = time.perf_counter()
-        _, lengths, sols = greedy_solve(policy, states, moves, max_moves)
-        per = np.full(n, (time.perf_counter() - t) / max(n, 1))
-    elif search == "beam":
-        sols, per = [], np.zeros(n)
-        for i in range(n):
-            t = time.perf_counter()
-            sols.append(beam_search(policy, states[i], moves, n_actions, beam_width, max_moves))
-            per[i] = time.perf_counter() - t
-    elif search == "astar":
-        sols, per = [], np.zeros(n)
-        for i in range(n):
-            t = time.perf_counter()
-            sols.append(astar_search(policy, states[i], moves, n_actions, beam_width, weight, max_moves, gamma))
-            per[i] = time.perf_counter() - t
-    else:
+    if search not in SEARCHES:
         raise ValueError(f"unknown search '{search}' (expected one of: {', '.join(SEARCHES)})")
+    moves = np.ascontiguousarray(puzzle.moves)
+    threads = max(1, min(int(threads), n))
+    if threads > 1:
+        sols, per = _solve_threaded(policy, states, moves, n_actions, search, beam_width, max_moves, weight,
+                                    gamma, threads)
+    elif search == "greedy":
+        sols, per = _solve_greedy(policy, states, moves, max_moves)
+    else:
+        sols, per = [], np.zeros(n)
+        for i in range(n):
+            t = time.perf_counter()
+            sols.append(_solve_one(policy, states[i], moves, n_actions, search, beam_width, max_moves, weight,
+                                   gamma))
+            per[i] = time.perf_counter() - t
     ok = np.array([verify(puzzle, states[i], sols[i]) for i in range(n)], dtype=bool)
     lengths = np.array([len(sols[i]) if ok[i] else -1 for i in range(n)])
     sols = [sols[i] if ok[i] else None for i in range(n)]
     return ok, lengths, per, sols
+
+
+def _solve_one(policy, state, moves, n_actions, search, beam_width, max_moves, weight, gamma):
+    if search == "beam":
+        return beam_search(policy, state, moves, n_actions, beam_width, max_moves)
+    return astar_search(policy, state, moves, n_actions, beam_width, weight, max_moves, gamma)
+
+
+def _solve_greedy(policy, states, moves, max_moves):
+    """(solutions, seconds per cube): the batch's wall time shared equally among its cubes."""
+    t = time.perf_counter()
+    _, _, sols = greedy_solve(policy, states, moves, max_moves)
+    return list(sols), np.full(len(states), (time.perf_counter() - t) / max(len(states), 1))
+
+
+def _solve_threaded(policy, states, moves, n_actions, search, beam_width, max_moves, weight, gamma, threads):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+    n = len(states)
+    fork = getattr(policy, "fork", None)
+    if fork is None:
+        raise ValueError("this policy cannot be shared between threads (it has no fork())")
+    local = threading.local()
+
+    def own_policy():
+        if not hasattr(local, "policy"):
+            local.policy = fork()
+        return local.policy
+
+    def one(i):
+        t = time.perf_counter()
+        sol = _solve_one(own_policy(), states[i], moves, n_actions, search, beam_width, max_moves, weight, gamma)
+        return sol, time.perf_counter() - t
+
+    def share(part):
+        return _solve_greedy(own_policy(), states[part], moves, max_moves)
+
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
+        if search == "greedy":
+            parts = np.array_split(np.arange(n), threads)
+            done = list(pool.map(share, parts))
+            sols = [s for part_sols, _ in done for s in part_sols]
+            per = np.concatenate([secs for _, secs in done])
+        else:
+            done = list(pool.map(one, range(n)))
+            sols = [s for s, _ in done]
+            per = np.array([secs for _, secs in done])
+    return sols, per

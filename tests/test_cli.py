@@ -112,7 +112,11 @@ def test_train_eval_solve_round_trip(trained):
     d = json.loads(run(["eval", "--checkpoint", str(trained), "--random-states", "5", "--search", "beam",
                         "--beam-width", "4", "--max-moves", "3", "--json"]).output)
     assert {"rows", "solved_frac", "mean_length", "optimal_frac", "mean_optimal_length"} <= set(d)
-    assert d["views"] == 1
+    assert d["views"] == 1 and d["threads"] == 1 and d["wall_seconds"] > 0
+    d2 = json.loads(run(["eval", "--checkpoint", str(trained), "--random-states", "5", "--search", "beam",
+                         "--beam-width", "4", "--max-moves", "3", "--threads", "2", "--json"]).output)
+    assert d2["threads"] == 2 and [r["solved_frac"] for r in d2["rows"]] == [r["solved_frac"] for r in d["rows"]]
+    one_line_error(["eval", "--checkpoint", str(trained), "--threads", "0"], "--threads must be positive")
     d6 = json.loads(run(["eval", "--checkpoint", str(trained), "--depths", "1-2", "--n", "5", "--views", "6",
                          "--json"]).output)
     assert d6["views"] == 6 and len(d6["rows"]) == 2

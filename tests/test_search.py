@@ -151,3 +151,29 @@ def test_verification_rejects_wrong_solutions():
     assert not verify(P2, state, parse_moves("R U F"))
     assert not verify(P2, state, None)
     assert not verify(P2, state, [])
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "astar"])
+def test_threads_solve_the_same_as_one_thread(search, oracle):
+    """Cubes split over two threads (forked policies, GIL-free kernels) get the very same
+    solutions as one thread. The symmetry-reduced pair encoder has the most scratch state."""
+    enc = Encoder(P2, 12, inputs="pairs", symmetry=48)
+    policy = Policy(MLP(Layout(enc.in_dim, enc.n_active, (32,), 12), seed=3), enc)
+    rng = np.random.default_rng(4)
+    states = np.stack([apply_moves(P2, P2.solved, rng.integers(0, 12, d)) for d in (1, 2, 3, 4, 5) * 4])
+    one = solve_many(policy, P2, states, 12, search, beam_width=16, max_moves=8)
+    two = solve_many(policy, P2, states, 12, search, beam_width=16, max_moves=8, threads=2)
+    assert one[0].any()
+    assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1]) and one[3] == two[3]
+    assert len(two[2]) == len(states)
+
+
+def test_forked_policies_share_weights_but_not_scratch():
+    enc = Encoder(P2, 12, inputs="pairs", symmetry=48)
+    policy = Policy(MLP(Layout(enc.in_dim, enc.n_active, (32,), 12), seed=3), enc)
+    twin = policy.fork()
+    assert twin.net is policy.net and twin._ws is not policy._ws
+    assert twin.encoder._codes is not enc._codes and twin.encoder._base is not enc._base
+    assert twin.encoder.frame_perm is enc.frame_perm
+    with pytest.raises(ValueError, match="fork"):
+        solve_many(OraclePolicy(None), P2, np.stack([P2.solved, P2.solved]), 12, "beam", threads=2)
