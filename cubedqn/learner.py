@@ -32,26 +32,51 @@ from numba import njit
 from .cube import expand_children, solved_batch
 from .encoding import Encoder, actions_to_canonical, rows_to_canonical
 from .nn import (LOSSES, MLP, Layout, dense_backward, dueling_backward, loss_full, loss_taken,
-                 mlp_backward, mlp_backward_upper, mlp_forward, sparse_backward, sparse_backward_rows, views)
+                 mlp_backward_first, mlp_backward_upper, sparse_backward, sparse_backward_rows, views)
 from .optim import Optimizer, add_into, polyak_update
 
 TARGETS = ("dqn", "double", "all-actions")
 
 
 class PhaseTimer:
-    """Accumulates wall time per phase; one perf_counter call per phase boundary."""
+    """Accumulates wall time per phase; one perf_counter call per phase boundary.
+
+    The forward and backward phases are also split into parts (`parts[phase][name]`, their
+    sum is the phase): "encode" (states to input rows, children for all-actions targets),
+    "first layer" (the sparse gather / scatter-add, or the dense first GEMM), "GEMM layers"
+    (layers 1 .. L-1, one BLAS call each, with bias and ReLU), "targets and loss", and
+    "accumulate" (adding micro-batch gradients when grad_accum > 1). LOMO's backward, which
+    updates layer by layer, is not split.
+    """
 
     PHASES = ("env", "act", "replay add", "sample", "forward", "backward", "optimizer",
               "target update", "eval", "other")
+    PARTS = {"forward": ("encode", "first layer", "GEMM layers", "targets and loss"),
+             "backward": ("GEMM layers", "first layer", "accumulate")}
 
     def __init__(self):
         self.reset()
 
     def reset(self):
         self.total = dict.fromkeys(self.PHASES, 0.0)
+        self.parts = {phase: dict.fromkeys(names, 0.0) for phase, names in self.PARTS.items()}
 
     def add(self, phase, seconds):
         self.total[phase] += seconds
+
+
+class Laps:
+    """Splits a phase into parts: lap(name) books the time since the previous lap to `name`."""
+
+    __slots__ = ("parts", "last")
+
+    def __init__(self, parts: dict, start: float):
+        self.parts, self.last = parts, start
+
+    def lap(self, name):
+        t = time.perf_counter()
+        self.parts[name] += t - self.last
+        self.last = t
 
 
 @njit(cache=True, error_model="numpy")
@@ -148,6 +173,7 @@ class Learner:
         self.row_mark = np.zeros(layout.in_dim if sparse_update else 0, np.uint8)
         self.touched = np.zeros(micro * layout.n_active if sparse_update else 0, np.int64)
         self.n_touched = 0
+        self._parts = PhaseTimer().parts  # where the parts go when no timer is given
         self.updates = 0
         self.last_loss = 0.0
         self.last_mean_q = 0.0
@@ -156,15 +182,18 @@ class Learner:
     def train_step(self, batch, timer: PhaseTimer | None = None, use_weights=False):
         """One optimizer update from batch (replay.Batch). Returns the loss; td errors in self.td."""
         clock = time.perf_counter
+        parts = timer.parts if timer else self._parts
         t = clock()
         loss = 0.0
         m = self.micro
         weights = batch.weights if use_weights else self.ones
         scale = 1.0 / self.batch_size
+        on, ws = self.online, self.ws
         for k in range(self.grad_accum):
             sl = slice(k * m, (k + 1) * m)
-            loss += self._forward_loss(batch, sl, weights[sl], scale)
-            t1 = clock()
+            laps = Laps(parts["forward"], t)
+            loss += self._forward_loss(batch, sl, weights[sl], scale, laps)
+            t1 = laps.last
             if timer:
                 timer.add("forward", t1 - t)
             if self.lomo:
@@ -174,20 +203,21 @@ class Learner:
                     timer.add("backward", t2 - t1)
                 t = t2
                 break
+            laps = Laps(parts["backward"], t1)
+            first = k == 0 or self.sparse_update
+            gW, gb = (self.gWs, self.gbs) if first else (self.tWs, self.tbs)
+            mlp_backward_upper(on.Ws, ws.acts, ws.deltas, gW, gb, m)
+            laps.lap("GEMM layers")
             if self.sparse_update:
-                mlp_backward_upper(self.online.Ws, self.ws.acts, self.ws.deltas, self.gWs, self.gbs, m)
-                self.n_touched = sparse_backward_rows(self.ws.idx[:m], self.ws.deltas[0][:m], self.gWs[0],
-                                                      self.gbs[0], self.row_mark, self.touched, self.n_touched)
-                t = clock()
-                if timer:
-                    timer.add("backward", t - t1)
-                break
-            gW, gb = (self.gWs, self.gbs) if k == 0 else (self.tWs, self.tbs)
-            mlp_backward(self.ws.idx, self.ws.x, self.online.sparse, self.online.Ws, self.ws.acts,
-                         self.ws.deltas, gW, gb, m)
-            if k > 0:
+                self.n_touched = sparse_backward_rows(ws.idx[:m], ws.deltas[0][:m], gW[0], gb[0], self.row_mark,
+                                                      self.touched, self.n_touched)
+            else:
+                mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m)
+            laps.lap("first layer")
+            if not first:
                 add_into(self.grads, self.grads_tmp)
-            t = clock()
+                laps.lap("accumulate")
+            t = laps.last
             if timer:
                 timer.add("backward", t - t1)
         if self.sparse_update:
@@ -204,13 +234,15 @@ class Learner:
         self.last_loss = loss
         return loss
 
-    def _forward_loss(self, batch, sl, weights, scale):
+    def _forward_loss(self, batch, sl, weights, scale, laps=None):
         """Targets and loss for rows sl of the batch; leaves dLoss/dhead in ws.deltas[-1].
 
         The online net sees canonical states (see encoding.py); world-frame actions and
         per-action targets are relabelled into that frame, values need no relabelling.
+        laps (Laps) is told as each part of the forward phase ends.
         """
         m = self.micro
+        laps = laps or Laps(self._parts["forward"], time.perf_counter())
         on, tg, ws, wt, enc = self.online, self.target, self.ws, self.ws_t, self.encoder
         states = batch.states[sl]
         enc.encode(states, ws, 0, self.rot)
@@ -219,21 +251,26 @@ class Learner:
             kids = self.children.reshape(m * self.n_rep, -1)
             solved_batch(kids, self.child_solved)
             enc.encode(kids, wt, 0, self.rot_scratch)
-            q_kids = tg.forward_ws(wt, m * self.n_rep)
+            laps.lap("encode")
+            q_kids = tg.forward_ws(wt, m * self.n_rep, laps)
             all_action_targets(q_kids, self.child_solved, self.gamma, enc.child_rep_of, self.Y)
             rows_to_canonical(self.Y, self.rot, enc.act_map, self.Yc)
-            q = on.forward_ws(ws, m)
+            laps.lap("targets and loss")
+            q = on.forward_ws(ws, m, laps)
             loss = loss_full(q, self.Yc, weights, scale, self.loss_kind, ws.dq, self.td[sl], m)
         else:
             nxt = batch.next_states[sl]
             enc.encode(nxt, wt, 0, self.rot_scratch[:m])
-            q_next_t = tg.forward_ws(wt, m)
+            if self.targets == "double":  # the online net's rows m..2m are the same inputs
+                ws.idx[m:2 * m] = wt.idx[:m]
+                ws.x[m:2 * m] = wt.x[:m]
+            laps.lap("encode")
+            q_next_t = tg.forward_ws(wt, m, laps)
             if self.targets == "double":
-                enc.encode(nxt, ws, m, self.rot_scratch[:m])
-                q_all = on.forward_ws(ws, 2 * m)
+                q_all = on.forward_ws(ws, 2 * m, laps)
                 q, q_next_on = q_all[:m], q_all[m:]
             else:
-                q = on.forward_ws(ws, m)
+                q = on.forward_ws(ws, m, laps)
                 q_next_on = q_next_t
             # argmax/max over actions is frame independent: no relabelling of q_next_*
             sampled_targets(q_next_on, q_next_t, batch.rewards[sl], batch.dones[sl], batch.discounts[sl],
@@ -244,6 +281,7 @@ class Learner:
         self.last_mean_q = float(ws.q[:m].mean()) if m else 0.0
         if self.layout.dueling:
             dueling_backward(ws.dq[:m], ws.deltas[-1][:m])
+        laps.lap("targets and loss")
         return loss
 
     def _lomo_backward_update(self, rows):

@@ -69,14 +69,17 @@ class Layout:
         """Multiply-add FLOPs (2 per MAC) of a forward pass over `rows` rows."""
         w = self.widths
         first = rows * self.n_active * w[1] if sparse else 2 * rows * w[0] * w[1]
-        return first + sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))
+        return first + self.flops_gemm_forward(rows)
+
+    def flops_gemm_forward(self, rows):
+        """FLOPs of layers 1 .. L-1 (the GEMM layers) in a forward pass over `rows` rows."""
+        w = self.widths
+        return sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))
 
     def flops_backward(self, rows, sparse=True):
         w = self.widths
         first = rows * self.n_active * w[1] if sparse else 2 * rows * w[0] * w[1]
-        gemm = sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))  # dW
-        gemm += sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))  # dx
-        return first + gemm
+        return first + 2 * self.flops_gemm_forward(rows)  # dW and dx of each GEMM layer
 
 
 def views(flat: np.ndarray, layout: Layout):
@@ -268,15 +271,28 @@ def dueling_backward(dq, dhead):
 # Whole-network kernels (one call per direction; Ws/bs/acts/deltas are tuples of views)
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mlp_forward(idx, x, sparse, Ws, bs, acts, rows):
-    """Forward over the first `rows` rows: idx (B,S) if sparse else x (B,in); fills acts."""
+def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows):
+    """Layer 0 over the first `rows` rows: idx (B,S) if sparse else x (B,in) -> acts[0]."""
     L = len(Ws)
     if sparse:
         sparse_forward(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
     else:
         dense_forward(x[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def mlp_forward_upper(Ws, bs, acts, rows):
+    """Layers 1 .. L-1 (one GEMM each) from acts[0] to the head acts[-1]."""
+    L = len(Ws)
     for l in range(1, L):
         dense_forward(acts[l - 1][:rows], Ws[l], bs[l], acts[l][:rows], l < L - 1)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def mlp_forward(idx, x, sparse, Ws, bs, acts, rows):
+    """Forward over the first `rows` rows: idx (B,S) if sparse else x (B,in); fills acts."""
+    mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows)
+    mlp_forward_upper(Ws, bs, acts, rows)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -289,16 +305,22 @@ def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows):
+    """Layer 0's gradient from deltas[0] (dLoss/d its output, first `rows` rows)."""
+    if sparse:
+        sparse_backward(idx[:rows], deltas[0][:rows], dWs[0], dbs[0])
+    else:
+        dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], False)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def mlp_backward(idx, x, sparse, Ws, acts, deltas, dWs, dbs, rows):
     """Backward from deltas[-1] (dLoss/dhead, first `rows` rows) into dWs/dbs.
 
     Overwrites the gradient buffers (no accumulation); uses deltas[:-1] as scratch.
     """
     mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows)
-    if sparse:
-        sparse_backward(idx[:rows], deltas[0][:rows], dWs[0], dbs[0])
-    else:
-        dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], False)
+    mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows)
 
 
 # ---------------------------------------------------------------------------------------
@@ -374,8 +396,17 @@ class MLP:
     def workspace(self, rows: int) -> Workspace:
         return Workspace(self.layout, rows, self.dtype, dense_input=not self.sparse)
 
-    def forward_ws(self, ws: Workspace, rows: int):
-        mlp_forward(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows)
+    def forward_ws(self, ws: Workspace, rows: int, laps=None):
+        """Q-values of the workspace's first `rows` input rows. laps (learner.Laps), if given,
+        is told when the first layer and when the GEMM layers are done."""
+        if laps is None:
+            mlp_forward(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows)
+        else:
+            mlp_forward_first(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows)
+            laps.lap("first layer")
+            mlp_forward_upper(self.Ws, self.bs, ws.acts, rows)
         if self.layout.dueling:
             dueling_forward(ws.acts[-1][:rows], ws.q[:rows])
+        if laps is not None:
+            laps.lap("GEMM layers")
         return ws.q[:rows]

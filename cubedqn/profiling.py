@@ -63,6 +63,21 @@ def step_flops(trainer) -> tuple[float, float]:
     return float(fwd), float(lay.flops_backward(b, sparse))
 
 
+def gemm_layers_rate(trainer, parts) -> dict:
+    """GFLOP/s of the GEMM layers alone (layers 1 .. L-1: their BLAS call, bias and ReLU,
+    forward and backward), from the phase parts the learner timed. Empty if not timed."""
+    f_ms = parts.get("forward", {}).get("GEMM layers", 0.0)
+    b_ms = parts.get("backward", {}).get("GEMM layers", 0.0)
+    if f_ms <= 0:
+        return {}
+    cfg, lay = trainer.cfg, trainer.layout
+    b = cfg.batch_size
+    rows = {"double": 3 * b, "dqn": 2 * b}.get(cfg.targets, b * (1 + trainer.learner.n_rep))
+    flops = lay.flops_gemm_forward(rows) + (2 * lay.flops_gemm_forward(b) if b_ms > 0 else 0.0)
+    return {"gemm_layers_ms": f_ms + b_ms, "gemm_layers_flops": float(flops),
+            "gemm_layers_gflops": flops / (f_ms + b_ms) / 1e6}
+
+
 def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     from .cli import make_trainer
     import numba
@@ -83,6 +98,8 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     train_ms = sum(phases[k] for k in TRAIN_PHASES)
     fwd, bwd = step_flops(trainer)
     gemm_s = (phases["forward"] + phases["backward"]) / 1e3
+    parts = {ph: {k: v / n * 1e3 for k, v in d.items()} for ph, d in getattr(trainer.timer, "parts", {}).items()}
+    layers = gemm_layers_rate(trainer, parts)
     rep = trainer.replay
     return {
         "puzzle": cfg.puzzle, "metric": cfg.metric, "network": trainer.layout.describe(),
@@ -94,6 +111,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         "phases": phases,
         "flops_per_step": fwd + bwd, "gflops": (fwd + bwd) / gemm_s / 1e9 if gemm_s > 0 else None,
         "peak_gflops": peak,
+        "phase_parts": parts, **layers,
         "memory_bytes": {"parameters": int(trainer.learner.online.params.nbytes * 2),
                          "gradients": int(trainer.learner.grads.nbytes + trainer.learner.grads_tmp.nbytes),
                          "optimizer_state": int(trainer.learner.opt.nbytes),
@@ -110,13 +128,20 @@ def format_report(r: dict) -> str:
     for k in PhaseTimer.PHASES:
         v = r["phases"][k]
         lines.append(f"{k:<14s} {v:>9.4f} {100 * v / total:>6.1f}")
+        for name, pv in r.get("phase_parts", {}).get(k, {}).items():
+            if pv > 0:
+                lines.append(f"  {name:<18s} {pv:>7.4f} {100 * pv / total:>6.1f}")
     lines.append(f"{'total':<14s} {total:>9.4f} {100.0:>6.1f}")
     lines.append(f"train step (sample+forward+backward+optimizer): {r['train_step_ms']:.4f} ms "
                  f"= {r['train_steps_per_min']:.0f} steps/min")
     lines.append(f"end to end: {r['steps_per_min']:.0f} gradient steps/min, {r['env_steps_per_s']:.0f} env steps/s")
     if r["gflops"]:
-        lines.append(f"GEMM phases: {r['gflops']:.1f} GFLOP/s achieved vs {r['peak_gflops']:.1f} GFLOP/s peak "
-                     f"sgemm ({100 * r['gflops'] / r['peak_gflops']:.0f}%)")
+        lines.append(f"forward+backward phases: {r['gflops']:.1f} GFLOP/s achieved vs {r['peak_gflops']:.1f} "
+                     f"GFLOP/s peak sgemm ({100 * r['gflops'] / r['peak_gflops']:.0f}%)")
+    if r.get("gemm_layers_gflops"):
+        lines.append(f"GEMM layers alone: {r['gemm_layers_gflops']:.1f} GFLOP/s "
+                     f"({100 * r['gemm_layers_gflops'] / r['peak_gflops']:.0f}% of peak) in "
+                     f"{r['gemm_layers_ms']:.4f} ms/step")
     m = r["memory_bytes"]
     lines.append(f"memory: parameters+target {m['parameters'] / 1e6:.2f} MB, gradients {m['gradients'] / 1e6:.2f} MB, "
                  f"optimizer state {m['optimizer_state'] / 1e6:.2f} MB, replay {m['replay_buffer'] / 1e6:.2f} MB "

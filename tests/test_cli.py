@@ -188,6 +188,13 @@ def test_profile_json_contract():
     assert set(d["phases"]) == {"env", "act", "replay add", "sample", "forward", "backward", "optimizer",
                                 "target update", "eval", "other"}
     assert d["train_step_ms"] > 0
+    for phase in ("forward", "backward"):  # the parts split each phase exactly
+        assert sum(d["phase_parts"][phase].values()) == pytest.approx(d["phases"][phase], rel=1e-6)
+    assert 0 < d["gemm_layers_ms"] < d["phases"]["forward"] + d["phases"]["backward"]
+    assert d["gemm_layers_gflops"] == pytest.approx(d["gemm_layers_flops"] / d["gemm_layers_ms"] / 1e6)
+    text = run(["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--steps", "5",
+                "--warmup", "2"]).output
+    assert "GEMM layers alone" in text and "  encode" in text
 
 
 def test_thread_limit_reaches_numbas_blas():

@@ -220,6 +220,45 @@ def a_batch(n=8, seed=0):
     return b
 
 
+@pytest.mark.parametrize("targets", ["double", "dqn"])
+def test_whole_step_equals_the_numpy_reference(targets):
+    """Learner.train_step (encode, target and online forward, targets, Huber loss, backward,
+    clipped momentum) == the same step written with reference.py, in float64."""
+    layout = Layout(144, 24, (16, 8), 12)
+    moves = np.ascontiguousarray(P2.moves[:12])
+    lr = Learner(layout, moves, 8, Encoder(P2, 12, canonical=False), targets=targets, dtype=np.float64,
+                 seed=3, optimizer="momentum", lr=0.05, max_grad_norm=0.5, target_update_interval=10 ** 6)
+    p = lr.online.params.copy()
+    p_target = p.copy()
+    opt = ref.ReferenceOptimizer("momentum", layout.size, lr.layer_slices, lr=0.05, max_grad_norm=0.5)
+    for k in range(3):
+        b = a_batch(seed=k)
+        x, x_next = ref.onehot(b.states), ref.onehot(b.next_states)
+        q_t = ref.forward(layout, p_target, x_next)[0]
+        q_on = ref.forward(layout, p, x_next)[0]
+        y = ref.double_dqn_targets(b.rewards, b.dones, b.discounts, q_on, q_t) if targets == "double" else \
+            ref.dqn_targets(b.rewards, b.dones, b.discounts, q_t)
+        q, acts = ref.forward(layout, p, x)
+        loss, dq = ref.loss_and_dq(q, "huber", y, b.actions)
+        opt.step(p, ref.backward(layout, p, x, acts, dq))
+        assert lr.train_step(b) == pytest.approx(loss, rel=1e-12)
+        np.testing.assert_allclose(lr.online.params, p, rtol=1e-10, atol=1e-12)
+    assert opt.max_norm and lr.opt.last_norm > 0.5  # the clip was active
+
+
+@pytest.mark.parametrize("targets", ["double", "all-actions"])
+def test_phase_parts_add_up_to_their_phase(targets):
+    from cubedqn.learner import PhaseTimer
+    _, lr = learner_pair(targets=targets)
+    timer = PhaseTimer()
+    for k in range(3):
+        lr.train_step(a_batch(seed=k), timer)
+    for phase, parts in timer.parts.items():
+        assert sum(parts.values()) == pytest.approx(timer.total[phase], rel=1e-9)
+        assert parts["GEMM layers"] > 0 and parts["first layer"] > 0
+    assert timer.parts["forward"]["encode"] > 0 and timer.parts["backward"]["accumulate"] == 0
+
+
 @pytest.mark.parametrize("targets", ["double", "dqn", "all-actions"])
 @pytest.mark.parametrize("opt", ["momentum", "adam"])
 def test_accumulated_micro_batches_equal_one_batch(targets, opt):
