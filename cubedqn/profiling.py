@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 from numba import njit
@@ -44,7 +45,10 @@ def blas_info() -> dict:
     """The OpenBLAS that numba's np.dot uses (scipy's), its kernel and threads."""
     from threadpoolctl import threadpool_info
     infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-    pick = next((i for i in infos if "scipy" in i.get("filepath", "")), infos[0] if infos else {})
+    # scipy's own copy lives under scipy.libs/ (wheels) or scipy/; numpy's is also named
+    # libscipy_openblas64_*, so the file name alone does not tell them apart
+    pick = next((i for i in infos if {"scipy.libs", "scipy"} & set(Path(i.get("filepath", "")).parts)),
+                infos[0] if infos else {})
     return {"library": pick.get("internal_api", "unknown"), "version": pick.get("version"),
             "kernel": pick.get("architecture"), "threads": pick.get("num_threads"),
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
