@@ -339,7 +339,7 @@ class Encoder:
                     view_cmap.append(sym_cmap[k][sym_cmap[g]])
                     view_act.append(sym_moves[k][rot_act[rr][sym_moves[g][:n_actions]]])
         self.n_view = len(view_perm)
-        self.frame_perm = np.ascontiguousarray([R[vp] for R in rots for vp in view_perm], np.int64)
+        self.frame_perm = np.ascontiguousarray([R[vp] for R in rots for vp in view_perm], np.uint8)  # sticker indices
         self.frame_cmap = np.ascontiguousarray([vc for _ in rots for vc in view_cmap], np.uint8)
         self.act_map = np.ascontiguousarray([va[rot_act[r]] for r in range(len(rots)) for va in view_act],
                                             np.int64)
@@ -353,7 +353,7 @@ class Encoder:
             corner_tables(np.ascontiguousarray(view_perm, np.int64), np.ascontiguousarray(view_cmap, np.uint8),
                           self.corner_facelets, np.ascontiguousarray(puzzle.corner_colours), self.corner_lookup,
                           slot_of, slot_map, self.code_map)
-        self.src_slot = np.ascontiguousarray(np.argsort(slot_map, axis=1))  # view slot -> x slot
+        self.src_slot = np.ascontiguousarray(np.argsort(slot_map, axis=1), np.uint8)  # view slot -> x slot
         self.xcubie = np.full(len(cosets), 6, np.int64)
         self.rot_of = np.zeros((len(cosets), 24), np.int64)
         for c in range(len(cosets) if self.n_rr > 1 else 0):
@@ -368,6 +368,10 @@ class Encoder:
                     break
             else:
                 raise AssertionError(f"coset view {c} brings no cubie home")
+        # choose_frame reads these tables at a random view per state: as uint8 the code table
+        # is 221 KB (fits in L2) instead of 1.8 MB: the cube2 preset's encode part went from
+        # 2.16-2.38 to 1.45-1.50 ms a step (3 alternating profile runs)
+        self.code_map = np.ascontiguousarray(self.code_map, np.uint8)
         self._base, self._where = np.zeros(8, np.int64), np.zeros(8, np.int64)
         self._identity_cmap = np.arange(6, dtype=np.uint8)
         self.search_rotations = self.rotations if self.canonical else \
