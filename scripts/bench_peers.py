@@ -193,6 +193,39 @@ def jax_step(layout, puzzle, batch):
 
 
 # ---------------------------------------------------------------------------------------
+def step_gemms(layout, batch):
+    """The BLAS calls of one cubedqn Double-DQN step (sparse first layer): (a, b, out) triples
+    in the layouts the engine passes them (x.T and W.T are transposed views, as in nn.py)."""
+    rng = np.random.default_rng(0)
+    w = layout.widths
+    calls = []
+    for l in range(1, layout.n_layers):
+        W = rng.standard_normal((w[l], w[l + 1])).astype(np.float32)
+        for rows in (2 * batch, batch):  # online on [s; s'], target on s'
+            calls.append((rng.random((rows, w[l]), np.float32), W, np.empty((rows, w[l + 1]), np.float32)))
+        x = rng.random((batch, w[l]), np.float32)
+        dout = rng.standard_normal((batch, w[l + 1])).astype(np.float32)
+        calls.append((x.T, dout, np.empty((w[l], w[l + 1]), np.float32)))  # dW = x.T @ dout
+        calls.append((dout, W.T, np.empty((batch, w[l]), np.float32)))  # dx = dout @ W.T
+    return calls
+
+
+def gemm_floor(layout, batch, reps=200):
+    """(seconds, flops) of the step's GEMMs alone, each timed hot in isolation (median)."""
+    from cubedqn.profiling import _gemm
+    total, flops = 0.0, 0.0
+    for a, b, out in step_gemms(layout, batch):
+        _gemm(a, b, out)
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            _gemm(a, b, out)
+            ts.append(time.perf_counter() - t)
+        total += float(np.median(ts))
+        flops += 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    return total, flops
+
+
 def blas_kernel():
     from cubedqn.profiling import blas_info
     b = blas_info()
@@ -253,6 +286,12 @@ def main():
             print(f"{name:<16s} {t * 1e3:>9.3f} {60 / t:>10.0f} {flops / t / 1e9:>14.1f} {t / base:>10.2f}x")
         if skipped:
             print(f"skipped (not installed): {', '.join(skipped)}")
+        from cubedqn.profiling import peak_gflops
+        peak = peak_gflops()
+        g_s, g_flops = gemm_floor(layout, bsz)
+        print(f"the step's GEMMs (layers 1..L-1, {g_flops / 1e6:.1f} MFLOP): {g_s * 1e3:.3f} ms when each is timed "
+              f"hot on its own ({g_flops / g_s / 1e9:.1f} GFLOP/s), {g_flops / peak / 1e6:.3f} ms at the "
+              f"{peak:.1f} GFLOP/s sgemm peak (n = 1024) measured now")
 
 
 if __name__ == "__main__":
