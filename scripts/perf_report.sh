@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Collect the performance numbers quoted in README.md, in one run, into runs/perf/.
+# Collect the performance numbers quoted in README.md, in one run, into $OUT (runs/perf).
+# With CHECKPOINT=<run dir of a cube2 preset run> it also times eval --threads 1 vs 2.
 # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are unset for these commands only (they slow sgemm
 # ~2x where set); each output names the BLAS kernel that actually ran.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=runs/perf; mkdir -p "$out"
+out=${OUT:-runs/perf}; mkdir -p "$out"
 run() { env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$@"; }
 PY=${PYTHON:-python}
 { uname -m; lscpu | grep -E "Model name|^CPU\(s\)|Thread|MHz" || true; date -u; } > "$out/machine.txt"
@@ -20,3 +21,14 @@ for t in 1 2; do
   run $PY -m cubedqn.cli profile --profile cube2 --threads $t --steps 500 | tee "$out/profile-cube2-preset-t$t.txt"
 done
 run $PY scripts/bench_startup.py --repeats 2 | tee "$out/startup.txt"
+if [ -n "${CHECKPOINT:-}" ]; then
+  # solving 1000 cubes with one and with two threads, alternating, twice
+  for r in 1 2; do
+    for t in 1 2; do
+      for s in "beam --beam-width 64" "astar --beam-width 64" "greedy"; do
+        run $PY -m cubedqn.cli eval --checkpoint "$CHECKPOINT" --random-states 1000 --search $s --threads $t --json \
+          > "$out/eval-${s%% *}-t$t-r$r.json"
+      done
+    done
+  done
+fi
