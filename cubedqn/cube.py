@@ -454,6 +454,9 @@ def ascii_net(state: np.ndarray) -> str:
 
 # ---------------------------------------------------------------------------------------
 # Batched Numba kernels. States are (N, S) uint8, C-contiguous.
+# Rows are copied element by element, never as `a[i] = b[j]`: an array-to-array assignment
+# makes Numba compile its shape-mismatch error path (string formatting), which cost several
+# seconds of every cold start (measured with numba's compile events).
 
 @njit(cache=True, nogil=True)
 def apply_actions(states, actions, moves, out):

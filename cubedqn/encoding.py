@@ -82,7 +82,8 @@ def choose_frame(states, rotations, identity_cmap, corner_facelets, corner_looku
             base[j] = q
             where[q // 3] = 3 * j + q % 3
         best = codes[i]
-        best[:] = base  # view 0 is x itself
+        for j in range(n_slots):  # view 0 is x itself
+            best[j] = base[j]
         best_v = 0
         for c in range(xcubie.shape[0] if n_view > 1 else 0):
             cr = c * n_rr + rot_of[c, where[xcubie[c]]]

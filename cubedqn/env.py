@@ -29,7 +29,8 @@ def reset_envs(states, mask, solved_state, depth_lo, depth_hi, moves, n_actions,
         if not mask[i]:
             continue
         while True:
-            states[i] = solved_state
+            for j in range(s):  # element by element: see the note above cube.py's kernels
+                states[i, j] = solved_state[j]
             depth = depth_lo + below(rng, depth_hi - depth_lo + 1)
             scramble_row(states[i], depth, moves, n_actions, rng, True, tmp, no_record, False)
             if not solved_row(states[i]):
@@ -71,13 +72,15 @@ def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a
     n_solved = 0
     for i in range(n):
         k = hist_len[i]
-        hist_s[i, k] = states[i]
+        for j in range(s):
+            hist_s[i, k, j] = states[i, j]
         hist_a[i, k] = actions[i]
         hist_len[i] = k + 1
         perm = moves[actions[i]]
         for j in range(s):
             tmp[j] = states[i, perm[j]]
-        states[i] = tmp
+        for j in range(s):
+            states[i, j] = tmp[j]
         ep_steps[i] += 1
         solved = solved_row(states[i])
         truncated = (not solved) and ep_steps[i] >= max_moves
@@ -106,7 +109,8 @@ def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a
                 hist_len[i] = 0
             else:
                 for e in range(1, m):
-                    hist_s[i, e - 1] = hist_s[i, e]
+                    for j in range(s):
+                        hist_s[i, e - 1, j] = hist_s[i, e, j]
                     hist_a[i, e - 1] = hist_a[i, e]
                 hist_len[i] = m - 1
     return count, n_solved

@@ -244,7 +244,9 @@ class Learner:
         m = self.micro
         laps = laps or Laps(self._parts["forward"], time.perf_counter())
         on, tg, ws, wt, enc = self.online, self.target, self.ws, self.ws_t, self.encoder
-        states = batch.states[sl]
+        # the batch's states are column views of its records: contiguous copies (3 KB) let
+        # every kernel below run the one compiled C-layout version that acting also uses
+        states = np.ascontiguousarray(batch.states[sl])
         enc.encode(states, ws, 0, self.rot)
         if self.targets == "all-actions":
             expand_children(states, self.rep_moves, self.n_rep, self.children)
@@ -259,7 +261,7 @@ class Learner:
             q = on.forward_ws(ws, m, laps)
             loss = loss_full(q, self.Yc, weights, scale, self.loss_kind, ws.dq, self.td[sl], m)
         else:
-            nxt = batch.next_states[sl]
+            nxt = np.ascontiguousarray(batch.next_states[sl])
             enc.encode(nxt, wt, 0, self.rot_scratch[:m])
             if self.targets == "double":  # the online net's rows m..2m are the same inputs
                 ws.idx[m:2 * m] = wt.idx[:m]

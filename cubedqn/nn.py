@@ -268,7 +268,8 @@ def dueling_backward(dq, dhead):
 
 
 # ---------------------------------------------------------------------------------------
-# Whole-network kernels (one call per direction; Ws/bs/acts/deltas are tuples of views)
+# Whole-network kernels, each direction in two calls (the first layer, then layers 1..L-1)
+# so that a profile can time them apart; Ws/bs/acts/deltas are tuples of views
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows):
@@ -289,15 +290,10 @@ def mlp_forward_upper(Ws, bs, acts, rows):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mlp_forward(idx, x, sparse, Ws, bs, acts, rows):
-    """Forward over the first `rows` rows: idx (B,S) if sparse else x (B,in); fills acts."""
-    mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows)
-    mlp_forward_upper(Ws, bs, acts, rows)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
-    """Backward through layers L-1 .. 1, leaving dLoss/d(first layer output) in deltas[0]."""
+    """Backward from deltas[-1] (dLoss/dhead, first `rows` rows) through layers L-1 .. 1 into
+    dWs/dbs (overwritten), leaving dLoss/d(first layer output) in deltas[0]; then
+    mlp_backward_first does layer 0. Uses deltas[:-1] as scratch."""
     L = len(Ws)
     for l in range(L - 1, 0, -1):
         dense_backward(acts[l - 1][:rows], deltas[l][:rows], Ws[l], dWs[l], dbs[l],
@@ -311,16 +307,6 @@ def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows):
         sparse_backward(idx[:rows], deltas[0][:rows], dWs[0], dbs[0])
     else:
         dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], False)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def mlp_backward(idx, x, sparse, Ws, acts, deltas, dWs, dbs, rows):
-    """Backward from deltas[-1] (dLoss/dhead, first `rows` rows) into dWs/dbs.
-
-    Overwrites the gradient buffers (no accumulation); uses deltas[:-1] as scratch.
-    """
-    mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows)
-    mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows)
 
 
 # ---------------------------------------------------------------------------------------
@@ -399,12 +385,10 @@ class MLP:
     def forward_ws(self, ws: Workspace, rows: int, laps=None):
         """Q-values of the workspace's first `rows` input rows. laps (learner.Laps), if given,
         is told when the first layer and when the GEMM layers are done."""
-        if laps is None:
-            mlp_forward(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows)
-        else:
-            mlp_forward_first(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows)
+        mlp_forward_first(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows)
+        if laps is not None:
             laps.lap("first layer")
-            mlp_forward_upper(self.Ws, self.bs, ws.acts, rows)
+        mlp_forward_upper(self.Ws, self.bs, ws.acts, rows)
         if self.layout.dueling:
             dueling_forward(ws.acts[-1][:rows], ws.q[:rows])
         if laps is not None:

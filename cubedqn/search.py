@@ -69,7 +69,9 @@ def greedy_step(q, rows, kids, kid_keys, states, hist, hist_len, actions_out, st
     order = np.empty(n_a, np.int64)
     for k in range(rows.shape[0]):
         i = rows[k]
-        order[:] = np.argsort(-q[k])
+        by_q = np.argsort(-q[k])
+        for r in range(n_a):
+            order[r] = by_q[r]
         chosen = -1
         for r in range(n_a):
             a = order[r]
@@ -79,8 +81,10 @@ def greedy_step(q, rows, kids, kid_keys, states, hist, hist_len, actions_out, st
         if chosen < 0:
             stuck[i] = True
             continue
-        states[i] = kids[k, chosen]
-        hist[i, hist_len[i]] = kid_keys[k, chosen]
+        for j in range(states.shape[1]):
+            states[i, j] = kids[k, chosen, j]
+        for j in range(hist.shape[2]):
+            hist[i, hist_len[i], j] = kid_keys[k, chosen, j]
         hist_len[i] += 1
         actions_out[i] = chosen
 

@@ -31,7 +31,7 @@ def fill_input(net, ws, states):
 
 
 def engine_loss_and_grad(net, states, kind, targets, actions=None, weights=None):
-    from cubedqn.nn import dueling_backward, mlp_backward
+    from cubedqn.nn import dueling_backward, mlp_backward_first, mlp_backward_upper
     n = len(states)
     ws = net.workspace(n)
     fill_input(net, ws, states)
@@ -46,7 +46,8 @@ def engine_loss_and_grad(net, states, kind, targets, actions=None, weights=None)
         dueling_backward(ws.dq[:n], ws.deltas[-1][:n])
     grad = np.zeros_like(net.params)
     gW, gb = views(grad, net.layout)
-    mlp_backward(ws.idx, ws.x, net.sparse, net.Ws, ws.acts, ws.deltas, gW, gb, n)
+    mlp_backward_upper(net.Ws, ws.acts, ws.deltas, gW, gb, n)
+    mlp_backward_first(ws.idx, ws.x, net.sparse, net.Ws, ws.deltas, gW, gb, n)
     return loss, grad, q.copy()
 
 
