@@ -163,6 +163,8 @@ class Learner:
         self.Y = np.zeros((micro, self.n_actions), self.dtype)
         self.td = np.zeros(batch_size, self.dtype)
         self.children = np.zeros((micro, self.n_rep, moves.shape[1]), np.uint8)
+        self.states_c = np.zeros((micro, moves.shape[1]), np.uint8)  # contiguous copies of s, s'
+        self.next_c = np.zeros((micro, moves.shape[1]), np.uint8)
         self.child_solved = np.zeros(micro * self.n_rep, np.bool_)
         self.ones = np.ones(batch_size, self.dtype)
         self.rot = np.zeros(micro, np.int64)            # rotation of each sampled state
@@ -244,9 +246,10 @@ class Learner:
         m = self.micro
         laps = laps or Laps(self._parts["forward"], time.perf_counter())
         on, tg, ws, wt, enc = self.online, self.target, self.ws, self.ws_t, self.encoder
-        # the batch's states are column views of its records: contiguous copies (3 KB) let
-        # every kernel below run the one compiled C-layout version that acting also uses
-        states = np.ascontiguousarray(batch.states[sl])
+        # the batch's states are column views of its records: contiguous copies let every
+        # kernel below run the one compiled C-layout version that acting also uses
+        states = self.states_c
+        np.copyto(states, batch.states[sl])
         enc.encode(states, ws, 0, self.rot)
         if self.targets == "all-actions":
             expand_children(states, self.rep_moves, self.n_rep, self.children)
@@ -261,7 +264,8 @@ class Learner:
             q = on.forward_ws(ws, m, laps)
             loss = loss_full(q, self.Yc, weights, scale, self.loss_kind, ws.dq, self.td[sl], m)
         else:
-            nxt = np.ascontiguousarray(batch.next_states[sl])
+            nxt = self.next_c
+            np.copyto(nxt, batch.next_states[sl])
             enc.encode(nxt, wt, 0, self.rot_scratch[:m])
             if self.targets == "double":  # the online net's rows m..2m are the same inputs
                 ws.idx[m:2 * m] = wt.idx[:m]

@@ -150,9 +150,11 @@ class CudaLearner(Learner):
         hf[1], hf[2], hf[3] = batch.rewards, batch.dones, batch.discounts
         self.d_f32.copy_to_device(hf)
         d_w, d_r, d_d, d_disc = self.d_f32[0], self.d_f32[1], self.d_f32[2], self.d_f32[3]
-        enc.encode(batch.states, self.ws, 0, self.rot)
+        states = self.states_c  # contiguous copies, as in Learner._forward_loss
+        np.copyto(states, batch.states)
+        enc.encode(states, self.ws, 0, self.rot)
         if self.targets == "all-actions":
-            expand_children(batch.states, self.rep_moves, self.n_rep, self.children)
+            expand_children(states, self.rep_moves, self.n_rep, self.children)
             kids = self.children.reshape(m * self.n_rep, -1)
             solved_batch(kids, self.child_solved)
             enc.encode(kids, self.ws_t, 0, self.rot_scratch)
@@ -167,7 +169,8 @@ class CudaLearner(Learner):
             q = device_forward(self.d_online, self.d_ws, m)
             K.loss_full(q, self.d_Y, d_w, scale, self.loss_kind, self.d_ws.deltas[-1], self.d_td, self.d_loss, m)
         else:
-            nxt = batch.next_states
+            nxt = self.next_c
+            np.copyto(nxt, batch.next_states)
             enc.encode(nxt, self.ws_t, 0, self.rot_scratch[:m])
             self.d_ws_t.idx.copy_to_device(self.ws_t.idx)
             q_next_t = device_forward(self.d_target, self.d_ws_t, m)
