@@ -66,12 +66,9 @@ def greedy_step(q, rows, kids, kid_keys, states, hist, hist_len, actions_out, st
     """Cube rows[k] (q row k, children kids[k], their keys kid_keys[k]) takes its best action
     to a position not visited before; states and the key history are updated in place."""
     n_a = q.shape[1]
-    order = np.empty(n_a, np.int64)
     for k in range(rows.shape[0]):
         i = rows[k]
-        by_q = np.argsort(-q[k])
-        for r in range(n_a):
-            order[r] = by_q[r]
+        order = np.argsort(-q[k])
         chosen = -1
         for r in range(n_a):
             a = order[r]
