@@ -56,7 +56,7 @@ def blas_info() -> dict:
 
 
 def step_flops(trainer) -> tuple[float, float]:
-    """(forward, backward) FLOPs of one gradient step's GEMM phases."""
+    """(forward, backward) FLOPs of one gradient step's forward and backward phases."""
     cfg, lay = trainer.cfg, trainer.layout
     b, sparse = cfg.batch_size, cfg.sparse_input
     if cfg.targets == "double":
