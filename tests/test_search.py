@@ -177,3 +177,26 @@ def test_forked_policies_share_weights_but_not_scratch():
     assert twin.encoder.frame_perm is enc.frame_perm
     with pytest.raises(ValueError, match="fork"):
         solve_many(OraclePolicy(None), P2, np.stack([P2.solved, P2.solved]), 12, "beam", threads=2)
+
+
+def test_a_failing_threaded_solve_stops_instead_of_solving_every_cube():
+    """An exception (or Ctrl-C) in a threaded solve reaches the caller once the cubes
+    already running end; the cubes not started are dropped, not solved first."""
+    import threading
+
+    class Failing:
+        calls = 0
+        lock = threading.Lock()
+
+        def fork(self):
+            return self
+
+        def q_values(self, states):
+            with Failing.lock:
+                Failing.calls += 1
+            raise RuntimeError("network failed")
+
+    states = np.stack([apply_moves(P2, P2.solved, [0, 2])] * 200)
+    with pytest.raises(RuntimeError, match="network failed"):
+        solve_many(Failing(), P2, states, 12, "beam", threads=2)
+    assert Failing.calls < 50
