@@ -238,7 +238,13 @@ def make_trainer(cfg, device, resume=None):
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def profile_cmd(profile, puzzle, hidden, input_encoding, batch_size, targets, optimizer, steps, warmup, threads,
                 device, sparse_update, as_json):
-    """Time the training loop and print where every millisecond of a step goes."""
+    """Time the training loop and print where every millisecond of a step goes.
+
+    Phases (env, act, replay, sample, forward, backward, optimizer, ...), the forward and
+    backward phases split into encode / first layer / GEMM layers / targets and loss, the
+    GEMM layers' GFLOP/s against an sgemm peak measured in the same process, memory, and
+    the BLAS kernel and threads that ran.
+    """
     from .profiling import profile_training
     if steps <= 0 or warmup < 0:
         raise UserError("--steps must be positive and --warmup >= 0")
