@@ -159,8 +159,26 @@ def hash_table(width):
 def select_beam(policy, kids, scores, width, out_idx):
     """Indices of the `width` best (lowest score) distinct positions among kids (M, S), compared
     by the policy's position keys (raw stickers for a policy without them). Keys are computed
-    down the score order only as far as W distinct ones need. Returns the count."""
-    order = np.argsort(scores, kind="stable")
+    down the score order only as far as W distinct ones need. Returns the count.
+
+    Only the best 3W scores are ordered at first (a partition, then a sort of those by score
+    and index, which is a stable sort's order): sorting all W x A children took 1.2 ms a
+    depth at W = 1024, a tenth of the depth. Only if those hold fewer than W distinct
+    positions is everything sorted and the selection redone. (The result can differ from
+    sorting everything only among children tied in score with the 3W-th.)"""
+    m = scores.shape[0]
+    head = min(m, 3 * width)
+    if head < m:
+        top = np.argpartition(scores, head - 1)[:head]
+        count = _select_down(policy, kids, top[np.lexsort((top, scores[top]))], width, out_idx)
+        if count == width:
+            return count
+    return _select_down(policy, kids, np.argsort(scores, kind="stable"), width, out_idx)
+
+
+def _select_down(policy, kids, order, width, out_idx):
+    """select_beam's scan: the first `width` distinct positions of kids[order], keys computed
+    for the first 3W, then in doubling chunks while more are needed."""
     m = order.shape[0]
     table = hash_table(width)
     sel = np.empty(width, np.int64)
