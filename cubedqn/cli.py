@@ -98,6 +98,7 @@ HELP = {
     "clip": "global, layer or none", "loss": "huber or mse", "grad_accum": "micro-batches per update",
     "lomo": "update each layer during backward (LOMO)",
     "sparse_update": "update only the first-layer rows of inputs present in the batch (lazy Adam/momentum)",
+    "target_cache": "all-actions on cube2: reuse the target net's value of children seen since its last copy",
     "log_interval": "gradient steps between log lines",
     "checkpoint_interval": "gradient steps between checkpoints (0: end only)",
     "save_replay": "save replay buffer and envs with checkpoints (exact resume)",

@@ -90,6 +90,7 @@ class Trainer:
             self.layout, self.moves, cfg.batch_size, self.encoder, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
             optimizer=cfg.optimizer, seed=cfg.seed, dtype=dtype, sparse=cfg.sparse_input,
             grad_accum=cfg.grad_accum, lomo=cfg.lomo, sparse_update=cfg.sparse_update,
+            target_cache=cfg.target_cache,
             target_update_interval=cfg.target_update_interval,
             tau=cfg.tau, lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm, clip=cfg.clip, schedule=cfg.lr_schedule,

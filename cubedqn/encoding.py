@@ -410,14 +410,17 @@ class Encoder:
         return codes.astype(np.uint8)
 
     def encode(self, states, ws, row0=0, rot=None):
-        """Write the input rows [row0, row0+n) of workspace ws; fills rot (n,) with the frames."""
+        """Write the input rows [row0, row0+n) of workspace ws; fills rot (n,) with the frames.
+
+        Returns the states' corner codes in their frames (n, 8), which identify the input
+        exactly (a view of scratch, valid until the next call), or None when not framed."""
         n = len(states)
         if not self.framed:
             if self.sparse:
                 encode_index(states, ws.idx[row0:row0 + n])
             else:
                 encode_onehot(states, ws.x[row0:row0 + n])
-            return
+            return None
         if len(self._codes) < n:
             self._codes = np.zeros((n, 8), np.int64)
         codes = self._codes[:n]
@@ -430,6 +433,7 @@ class Encoder:
             encode_index_framed(states, self.frame_perm, self.frame_cmap, rot, ws.idx[row0:row0 + n])
         else:
             encode_onehot_framed(states, self.frame_perm, self.frame_cmap, rot, ws.x[row0:row0 + n])
+        return codes
 
 
 class Policy:

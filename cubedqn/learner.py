@@ -120,11 +120,87 @@ def all_action_targets(q_children, child_solved, gamma, rep_of, out):
                 out[b, a] = -1.0 + gamma * v
 
 
+@njit(cache=True, error_model="numpy")
+def all_action_targets_from_values(values, child_solved, gamma, rep_of, out):
+    """all_action_targets given each child's max_a' Q_t (values, one per scored child)."""
+    b_n, a_n = out.shape
+    n_rep = values.shape[0] // b_n
+    for b in range(b_n):
+        for a in range(a_n):
+            r = b * n_rep + rep_of[a]
+            out[b, a] = -1.0 if child_solved[r] else -1.0 + gamma * values[r]
+
+
+# The target cache: max_a Q_target of each child position met since the last target update.
+# Corner codes (8 x 5 bits) identify a 2x2x2 network input exactly, so they are the key;
+# the table is direct-mapped (a colliding key overwrites) and entries carry the target's
+# generation, so a target update invalidates all of them at once.
+
+@njit(cache=True, error_model="numpy")
+def _code_key(codes, i):
+    k = np.uint64(0)
+    for j in range(codes.shape[1]):
+        k = (k << np.uint64(5)) | np.uint64(codes[i, j])
+    return k
+
+
+@njit(cache=True, error_model="numpy")
+def _slot(key, mask):
+    return np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+
+
+@njit(cache=True, error_model="numpy")
+def target_cache_lookup(codes, child_solved, table_key, table_gen, table_val, gen, values, missing):
+    """values[i] = cached max Q_t of child i; lists the unsolved children not cached in
+    missing[:n] and returns n (solved children need no value)."""
+    mask = table_key.shape[0] - 1
+    n_miss = 0
+    for i in range(codes.shape[0]):
+        if child_solved[i]:
+            values[i] = 0.0
+            continue
+        key = _code_key(codes, i)
+        s = _slot(key, mask)
+        if table_gen[s] == gen and table_key[s] == key:
+            values[i] = table_val[s]
+        else:
+            missing[n_miss] = i
+            n_miss += 1
+    return n_miss
+
+
+@njit(cache=True, error_model="numpy")
+def gather_rows(idx, missing, n_miss):
+    """idx[t] = idx[missing[t]] for t < n_miss (missing ascending, so in place is safe)."""
+    for t in range(n_miss):
+        src = missing[t]
+        for j in range(idx.shape[1]):
+            idx[t, j] = idx[src, j]
+
+
+@njit(cache=True, error_model="numpy")
+def target_cache_store(q, codes, missing, n_miss, table_key, table_gen, table_val, gen, values):
+    """Row t of q scores child missing[t]: its max goes to values and to the table."""
+    mask = table_key.shape[0] - 1
+    for t in range(n_miss):
+        v = q[t, 0]
+        for a in range(1, q.shape[1]):
+            if q[t, a] > v:
+                v = q[t, a]
+        i = missing[t]
+        values[i] = v
+        key = _code_key(codes, i)
+        s = _slot(key, mask)
+        table_key[s] = key
+        table_gen[s] = gen
+        table_val[s] = v
+
+
 class Learner:
     def __init__(self, layout: Layout, moves: np.ndarray, batch_size: int, encoder: Encoder, targets="double",
                  gamma=0.99, loss="huber", optimizer="adam", seed=0, dtype=np.float32,
                  sparse=True, grad_accum=1, lomo=False, target_update_interval=1000, tau=1.0,
-                 sparse_update=False, **opt_kwargs):
+                 sparse_update=False, target_cache=True, **opt_kwargs):
         if targets not in TARGETS:
             raise ValueError(f"unknown targets '{targets}' (expected one of: {', '.join(TARGETS)})")
         if batch_size % grad_accum:
@@ -164,6 +240,17 @@ class Learner:
         self.td = np.zeros(batch_size, self.dtype)
         self.children = np.zeros((micro, self.n_rep, moves.shape[1]), np.uint8)
         self.states_c = np.zeros((micro, moves.shape[1]), np.uint8)  # contiguous copies of s, s'
+        # all-actions with hard target updates and corner codes: cache max Q_t per child
+        self.target_cache = bool(target_cache and targets == "all-actions" and encoder.framed and tau >= 1.0)
+        slots = 1 << 17 if self.target_cache else 1  # 2 MB: more than the 77 k positions left by 48 symmetries
+        self.cache_key = np.zeros(slots, np.uint64)
+        self.cache_gen = np.full(slots, -1, np.int64)
+        self.cache_val = np.zeros(slots, self.dtype)
+        self.generation = 0  # of the target network; bumped whenever its weights change
+        self.child_values = np.zeros(target_rows if self.target_cache else 0, self.dtype)
+        self.child_missing = np.zeros(target_rows if self.target_cache else 0, np.int64)
+        self.cache_lookups = self.cache_hits = 0
+        self.children_scored = 0  # rows the target network scored for all-actions targets, in all
         self.next_c = np.zeros((micro, moves.shape[1]), np.uint8)
         self.child_solved = np.zeros(micro * self.n_rep, np.bool_)
         self.ones = np.ones(batch_size, self.dtype)
@@ -255,10 +342,14 @@ class Learner:
             expand_children(states, self.rep_moves, self.n_rep, self.children)
             kids = self.children.reshape(m * self.n_rep, -1)
             solved_batch(kids, self.child_solved)
-            enc.encode(kids, wt, 0, self.rot_scratch)
+            codes = enc.encode(kids, wt, 0, self.rot_scratch)
             laps.lap("encode")
-            q_kids = tg.forward_ws(wt, m * self.n_rep, laps)
-            all_action_targets(q_kids, self.child_solved, self.gamma, enc.child_rep_of, self.Y)
+            if self.target_cache:
+                self._cached_child_targets(codes, wt, laps)
+            else:
+                q_kids = tg.forward_ws(wt, m * self.n_rep, laps)
+                all_action_targets(q_kids, self.child_solved, self.gamma, enc.child_rep_of, self.Y)
+                self.children_scored += m * self.n_rep
             rows_to_canonical(self.Y, self.rot, enc.act_map, self.Yc)
             laps.lap("targets and loss")
             q = on.forward_ws(ws, m, laps)
@@ -290,6 +381,25 @@ class Learner:
         laps.lap("targets and loss")
         return loss
 
+    def _cached_child_targets(self, codes, wt, laps):
+        """All-actions targets with the target cache: only children whose max Q_t is not
+        cached since the last target update go through the target network. Network rows do
+        not depend on the other rows of their batch here (checked bitwise), so the targets
+        equal the uncached ones."""
+        values, missing = self.child_values, self.child_missing
+        n_miss = target_cache_lookup(codes, self.child_solved, self.cache_key, self.cache_gen, self.cache_val,
+                                     self.generation, values, missing)
+        unsolved = len(codes) - int(self.child_solved.sum())
+        self.cache_lookups += unsolved
+        self.cache_hits += unsolved - n_miss
+        self.children_scored += n_miss
+        if n_miss:
+            gather_rows(wt.idx, missing, n_miss)
+            q = self.target.forward_ws(wt, n_miss, laps)
+            target_cache_store(q, codes, missing, n_miss, self.cache_key, self.cache_gen, self.cache_val,
+                               self.generation, values)
+        all_action_targets_from_values(values, self.child_solved, self.gamma, self.encoder.child_rep_of, self.Y)
+
     def _lomo_backward_update(self, rows):
         """Backward layer by layer (top first), updating each layer right after its gradient."""
         on, ws, opt = self.online, self.ws, self.opt
@@ -318,6 +428,7 @@ class Learner:
             polyak_update(self.target.params, self.online.params, self.dtype.type(self.tau))
         elif self.updates % self.target_update_interval == 0:
             np.copyto(self.target.params, self.online.params)
+            self.generation += 1
         if timer:
             timer.add("target update", time.perf_counter() - t0)
 
@@ -333,6 +444,7 @@ class Learner:
             if src.shape != dst.shape:
                 raise ValueError(f"checkpoint '{name}' has {src.size} values, the network needs {dst.size}")
             dst[:] = src
+        self.generation += 1
         self.opt.load_state(data, opt_t)
 
     @property

@@ -55,29 +55,34 @@ def blas_info() -> dict:
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
 
 
-def step_flops(trainer) -> tuple[float, float]:
-    """(forward, backward) FLOPs of one gradient step's forward and backward phases."""
-    cfg, lay = trainer.cfg, trainer.layout
-    b, sparse = cfg.batch_size, cfg.sparse_input
+def forward_rows(trainer, children_per_step=None) -> tuple[float, float]:
+    """(online rows, target rows) one step's forward passes run. For all-actions, the target
+    net scores the distinct children formed, or with the target cache the measured average
+    number it actually scored (children_per_step)."""
+    cfg, b = trainer.cfg, trainer.cfg.batch_size
     if cfg.targets == "double":
-        fwd = lay.flops_forward(2 * b, sparse) + lay.flops_forward(b, sparse)
-    elif cfg.targets == "dqn":
-        fwd = 2 * lay.flops_forward(b, sparse)
-    else:  # all-actions: the target net scores the distinct children actually formed
-        fwd = lay.flops_forward(b * trainer.learner.n_rep, sparse) + lay.flops_forward(b, sparse)
-    return float(fwd), float(lay.flops_backward(b, sparse))
+        return 2 * b, b
+    if cfg.targets == "dqn":
+        return b, b
+    return b, b * trainer.learner.n_rep if children_per_step is None else children_per_step
 
 
-def gemm_layers_rate(trainer, parts) -> dict:
+def step_flops(trainer, children_per_step=None) -> tuple[float, float]:
+    """(forward, backward) FLOPs of one gradient step's forward and backward phases."""
+    lay, sparse, b = trainer.layout, trainer.cfg.sparse_input, trainer.cfg.batch_size
+    on, tg = forward_rows(trainer, children_per_step)
+    return float(lay.flops_forward(on, sparse) + lay.flops_forward(tg, sparse)), float(lay.flops_backward(b, sparse))
+
+
+def gemm_layers_rate(trainer, parts, children_per_step=None) -> dict:
     """GFLOP/s of the GEMM layers alone (layers 1 .. L-1: their BLAS call, bias and ReLU,
     forward and backward), from the phase parts the learner timed. Empty if not timed."""
     f_ms = parts.get("forward", {}).get("GEMM layers", 0.0)
     b_ms = parts.get("backward", {}).get("GEMM layers", 0.0)
     if f_ms <= 0:
         return {}
-    cfg, lay = trainer.cfg, trainer.layout
-    b = cfg.batch_size
-    rows = {"double": 3 * b, "dqn": 2 * b}.get(cfg.targets, b * (1 + trainer.learner.n_rep))
+    lay, b = trainer.layout, trainer.cfg.batch_size
+    rows = sum(forward_rows(trainer, children_per_step))
     flops = lay.flops_gemm_forward(rows) + (2 * lay.flops_gemm_forward(b) if b_ms > 0 else 0.0)
     return {"gemm_layers_ms": f_ms + b_ms, "gemm_layers_flops": float(flops),
             "gemm_layers_gflops": flops / (f_ms + b_ms) / 1e6}
@@ -95,6 +100,8 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     trainer.run(max_steps=warmup)
     trainer.timer.reset()
     g0, e0 = trainer.grad_steps, trainer.env_steps
+    lk0, hit0 = getattr(trainer.learner, "cache_lookups", 0), getattr(trainer.learner, "cache_hits", 0)
+    sc0 = getattr(trainer.learner, "children_scored", 0)
     t0 = time.perf_counter()
     trainer.run(max_steps=warmup + steps)
     wall = time.perf_counter() - t0
@@ -105,10 +112,14 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     phases = {k: v / n * 1e3 for k, v in trainer.timer.total.items()}
     phases["other"] += max(0.0, wall / n * 1e3 - sum(phases.values()))
     train_ms = sum(phases[k] for k in TRAIN_PHASES)
-    fwd, bwd = step_flops(trainer)
+    children = (trainer.learner.children_scored - sc0) / n if getattr(trainer.learner, "target_cache", False) \
+        else None
+    fwd, bwd = step_flops(trainer, children)
     gemm_s = (phases["forward"] + phases["backward"]) / 1e3
     parts = {ph: {k: v / n * 1e3 for k, v in d.items()} for ph, d in getattr(trainer.timer, "parts", {}).items()}
-    layers = gemm_layers_rate(trainer, parts)
+    layers = gemm_layers_rate(trainer, parts, children)
+    lookups = getattr(trainer.learner, "cache_lookups", 0) - lk0
+    hit_rate = (getattr(trainer.learner, "cache_hits", 0) - hit0) / lookups if lookups else None
     rep = trainer.replay
     return {
         "puzzle": cfg.puzzle, "metric": cfg.metric, "network": trainer.layout.describe(),
@@ -120,7 +131,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         "phases": phases,
         "flops_per_step": fwd + bwd, "gflops": (fwd + bwd) / gemm_s / 1e9 if gemm_s > 0 else None,
         "peak_gflops": peak,
-        "phase_parts": parts, **layers,
+        "phase_parts": parts, **layers, "target_cache_hit_rate": hit_rate,
         "memory_bytes": {"parameters": int(trainer.learner.online.params.nbytes * 2),
                          "gradients": int(trainer.learner.grads.nbytes + trainer.learner.grads_tmp.nbytes),
                          "optimizer_state": int(trainer.learner.opt.nbytes),
@@ -151,6 +162,9 @@ def format_report(r: dict) -> str:
         lines.append(f"GEMM layers alone: {r['gemm_layers_gflops']:.1f} GFLOP/s "
                      f"({100 * r['gemm_layers_gflops'] / r['peak_gflops']:.0f}% of peak) in "
                      f"{r['gemm_layers_ms']:.4f} ms/step")
+    if r.get("target_cache_hit_rate") is not None:
+        lines.append(f"target cache: {100 * r['target_cache_hit_rate']:.1f}% of children's values reused "
+                     f"(the rest went through the target network)")
     m = r["memory_bytes"]
     lines.append(f"memory: parameters+target {m['parameters'] / 1e6:.2f} MB, gradients {m['gradients'] / 1e6:.2f} MB, "
                  f"optimizer state {m['optimizer_state'] / 1e6:.2f} MB, replay {m['replay_buffer'] / 1e6:.2f} MB "

@@ -220,6 +220,30 @@ def a_batch(n=8, seed=0):
     return b
 
 
+@pytest.mark.parametrize("inputs,symmetry", [("pairs", 48), ("stickers", 1)])
+def test_target_cache_gives_the_same_steps(inputs, symmetry):
+    """All-actions with the target cache == without it, step for step, across target
+    copies (which must invalidate it); and it does hit. Few distinct positions (scrambles of
+    1-3 moves) so that children repeat within a target period."""
+    moves = np.ascontiguousarray(P2.moves[:12])
+    enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry)
+    layout = Layout(enc.in_dim, enc.n_active, (16,), 12)
+    kw = dict(targets="all-actions", gamma=0.9, seed=5, optimizer="adam", lr=0.01, target_update_interval=3)
+    on, off = (Learner(layout, moves, 16, enc, target_cache=c, **kw) for c in (True, False))
+    assert on.target_cache and not off.target_cache
+    rng = np.random.default_rng(2)
+    for step in range(8):
+        b = a_batch(16, seed=step)
+        for i in range(16):
+            b.states[i] = P2.solved
+            for a in rng.integers(0, 12, rng.integers(1, 4)):
+                b.states[i] = b.states[i][P2.moves[a]]
+        assert on.train_step(b) == off.train_step(b)
+        np.testing.assert_array_equal(on.Y, off.Y)
+        np.testing.assert_array_equal(on.online.params, off.online.params)
+    assert on.generation == 2 and 0 < on.cache_hits < on.cache_lookups
+
+
 @pytest.mark.parametrize("targets", ["double", "dqn"])
 def test_whole_step_equals_the_numpy_reference(targets):
     """Learner.train_step (encode, target and online forward, targets, Huber loss, backward,

@@ -114,6 +114,7 @@ class CudaLearner(Learner):
             raise ValueError("--device cuda uses the sparse first layer only")
         if kw.get("clip", "global") == "layer":
             raise ValueError("--device cuda supports clip = global or none")
+        kw["target_cache"] = False  # the device step scores every child
         super().__init__(layout, moves, batch_size, encoder, **kw)
         self.d_online = DeviceNet(self.online.params, layout)
         self.d_target = DeviceNet(self.target.params, layout)
