@@ -107,6 +107,7 @@ def test_train_eval_solve_round_trip(trained):
     for k in ("step", "env_steps", "steps_per_min", "env_steps_per_s", "loss", "mean_q", "epsilon", "depth",
               "solve_rate", "phases_ms"):
         assert k in rec
+    assert 0 <= rec["target_cache_hit_rate"] <= 1  # cube2-quick: all-actions targets, cached
     d = json.loads(run(["eval", "--checkpoint", str(trained), "--depths", "1-2", "--n", "5", "--json"]).output)
     assert {"rows", "solved_frac", "mean_length"} <= set(d) and len(d["rows"]) == 2
     d = json.loads(run(["eval", "--checkpoint", str(trained), "--random-states", "5", "--search", "beam",
