@@ -170,12 +170,13 @@ def target_cache_lookup(codes, child_solved, table_key, table_gen, table_val, ge
 
 
 @njit(cache=True, error_model="numpy")
-def gather_rows(idx, missing, n_miss):
-    """idx[t] = idx[missing[t]] for t < n_miss (missing ascending, so in place is safe)."""
+def gather_rows(rows, missing, n_miss):
+    """rows[t] = rows[missing[t]] for t < n_miss (missing ascending, so in place is safe);
+    rows are a workspace's input rows (sparse indices or dense one-hot)."""
     for t in range(n_miss):
         src = missing[t]
-        for j in range(idx.shape[1]):
-            idx[t, j] = idx[src, j]
+        for j in range(rows.shape[1]):
+            rows[t, j] = rows[src, j]
 
 
 @njit(cache=True, error_model="numpy")
@@ -394,7 +395,7 @@ class Learner:
         self.cache_hits += unsolved - n_miss
         self.children_scored += n_miss
         if n_miss:
-            gather_rows(wt.idx, missing, n_miss)
+            gather_rows(wt.idx if self.target.sparse else wt.x, missing, n_miss)
             q = self.target.forward_ws(wt, n_miss, laps)
             target_cache_store(q, codes, missing, n_miss, self.cache_key, self.cache_gen, self.cache_val,
                                self.generation, values)

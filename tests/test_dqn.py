@@ -220,15 +220,17 @@ def a_batch(n=8, seed=0):
     return b
 
 
-@pytest.mark.parametrize("inputs,symmetry", [("pairs", 48), ("stickers", 1)])
-def test_target_cache_gives_the_same_steps(inputs, symmetry):
+@pytest.mark.parametrize("inputs,symmetry,sparse", [("pairs", 48, True), ("stickers", 1, True),
+                                                    ("stickers", 48, False)])
+def test_target_cache_gives_the_same_steps(inputs, symmetry, sparse):
     """All-actions with the target cache == without it, step for step, across target
     copies (which must invalidate it); and it does hit. Few distinct positions (scrambles of
     1-3 moves) so that children repeat within a target period."""
     moves = np.ascontiguousarray(P2.moves[:12])
-    enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry)
+    enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry, sparse=sparse)
     layout = Layout(enc.in_dim, enc.n_active, (16,), 12)
-    kw = dict(targets="all-actions", gamma=0.9, seed=5, optimizer="adam", lr=0.01, target_update_interval=3)
+    kw = dict(targets="all-actions", gamma=0.9, seed=5, optimizer="adam", lr=0.01, target_update_interval=3,
+              sparse=sparse)
     on, off = (Learner(layout, moves, 16, enc, target_cache=c, **kw) for c in (True, False))
     assert on.target_cache and not off.target_cache
     rng = np.random.default_rng(2)
