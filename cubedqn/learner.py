@@ -10,7 +10,9 @@ handful of Numba calls, each timed into a phase (forward, backward, optimizer):
   targets "all-actions": uses the cube model. For each sampled s, all children c_a are
       formed and the target network scores them; every action is trained at once with
       y_a = -1 if c_a is solved else -1 + gamma * max_a' Q_target(c_a, a'). With the
-      canonical 2x2x2 encoder only the 6 (QTM) distinct children are scored.
+      canonical 2x2x2 encoder only the 6 (QTM) distinct children are scored, and with
+      target_cache a child whose max_a' Q_target was computed since the last target copy
+      is not scored again (the table sits below all_action_targets).
 
 Gradient accumulation splits the batch into k micro-batches and applies one update.
 LOMO applies each layer's update during backward, as soon as its gradient is known, with
