@@ -101,36 +101,30 @@ def sampled_targets(q_next_online, q_next_target, rewards, dones, discounts, dou
 
 
 @njit(cache=True, error_model="numpy")
-def all_action_targets(q_children, child_solved, gamma, rep_of, out):
-    """out (B,A): y[b,a] = -1 + gamma * max Q_t(child) unless the child is solved (then -1).
-
-    q_children / child_solved hold the R representative children of each state, row
-    b*R + rep_of[a] for action a (R = A when every child is scored).
-    """
-    b_n, a_n = out.shape
-    n_rep = q_children.shape[0] // b_n
-    for b in range(b_n):
-        for a in range(a_n):
-            r = b * n_rep + rep_of[a]
-            if child_solved[r]:
-                out[b, a] = -1.0
-            else:
-                v = q_children[r, 0]
-                for k in range(1, q_children.shape[1]):
-                    if q_children[r, k] > v:
-                        v = q_children[r, k]
-                out[b, a] = -1.0 + gamma * v
+def row_max(q, out):
+    """out[t] = max_a q[t, a] for the first len(out) rows of q."""
+    for t in range(out.shape[0]):
+        v = q[t, 0]
+        for a in range(1, q.shape[1]):
+            if q[t, a] > v:
+                v = q[t, a]
+        out[t] = v
 
 
 @njit(cache=True, error_model="numpy")
-def all_action_targets_from_values(values, child_solved, gamma, rep_of, out):
-    """all_action_targets given each child's max_a' Q_t (values, one per scored child)."""
+def all_action_targets(child_max, child_solved, gamma, rep_of, out):
+    """out (B,A): y[b,a] = -1 + gamma * max_a' Q_t(child, a') unless the child is solved (then -1).
+
+    child_max / child_solved hold the R representative children of each state (child_max
+    their max_a' Q_t, see row_max), entry b*R + rep_of[a] for action a (R = A when every
+    child is scored).
+    """
     b_n, a_n = out.shape
-    n_rep = values.shape[0] // b_n
+    n_rep = child_max.shape[0] // b_n
     for b in range(b_n):
         for a in range(a_n):
             r = b * n_rep + rep_of[a]
-            out[b, a] = -1.0 if child_solved[r] else -1.0 + gamma * values[r]
+            out[b, a] = -1.0 if child_solved[r] else -1.0 + gamma * child_max[r]
 
 
 # The target cache: max_a Q_target of each child position met since the last target update.
@@ -182,14 +176,12 @@ def gather_rows(rows, missing, n_miss):
 
 
 @njit(cache=True, error_model="numpy")
-def target_cache_store(q, codes, missing, n_miss, table_key, table_gen, table_val, gen, values):
-    """Row t of q scores child missing[t]: its max goes to values and to the table."""
+def target_cache_store(row_maxes, codes, missing, n_miss, table_key, table_gen, table_val, gen, values):
+    """row_maxes[t] is child missing[t]'s max Q_t (row_max of its scored row): it goes to
+    values and to the table."""
     mask = table_key.shape[0] - 1
     for t in range(n_miss):
-        v = q[t, 0]
-        for a in range(1, q.shape[1]):
-            if q[t, a] > v:
-                v = q[t, a]
+        v = row_maxes[t]
         i = missing[t]
         values[i] = v
         key = _code_key(codes, i)
@@ -250,8 +242,9 @@ class Learner:
         self.cache_gen = np.full(slots, -1, np.int64)
         self.cache_val = np.zeros(slots, self.dtype)
         self.generation = 0  # of the target network; bumped whenever its weights change
-        self.child_values = np.zeros(target_rows if self.target_cache else 0, self.dtype)
+        self.child_values = np.zeros(target_rows if targets == "all-actions" else 0, self.dtype)  # max_a' Q_t
         self.child_missing = np.zeros(target_rows if self.target_cache else 0, np.int64)
+        self.missing_max = np.zeros(target_rows if self.target_cache else 0, self.dtype)
         self.cache_lookups = self.cache_hits = 0
         self.children_scored = 0  # rows the target network scored for all-actions targets, in all
         self.next_c = np.zeros((micro, moves.shape[1]), np.uint8)
@@ -350,8 +343,8 @@ class Learner:
             if self.target_cache:
                 self._cached_child_targets(codes, wt, laps)
             else:
-                q_kids = tg.forward_ws(wt, m * self.n_rep, laps)
-                all_action_targets(q_kids, self.child_solved, self.gamma, enc.child_rep_of, self.Y)
+                row_max(tg.forward_ws(wt, m * self.n_rep, laps), self.child_values)
+                all_action_targets(self.child_values, self.child_solved, self.gamma, enc.child_rep_of, self.Y)
                 self.children_scored += m * self.n_rep
             rows_to_canonical(self.Y, self.rot, enc.act_map, self.Yc)
             laps.lap("targets and loss")
@@ -398,10 +391,10 @@ class Learner:
         self.children_scored += n_miss
         if n_miss:
             gather_rows(wt.idx if self.target.sparse else wt.x, missing, n_miss)
-            q = self.target.forward_ws(wt, n_miss, laps)
-            target_cache_store(q, codes, missing, n_miss, self.cache_key, self.cache_gen, self.cache_val,
-                               self.generation, values)
-        all_action_targets_from_values(values, self.child_solved, self.gamma, self.encoder.child_rep_of, self.Y)
+            row_max(self.target.forward_ws(wt, n_miss, laps), self.missing_max[:n_miss])
+            target_cache_store(self.missing_max, codes, missing, n_miss, self.cache_key, self.cache_gen,
+                               self.cache_val, self.generation, values)
+        all_action_targets(values, self.child_solved, self.gamma, self.encoder.child_rep_of, self.Y)
 
     def _lomo_backward_update(self, rows):
         """Backward layer by layer (top first), updating each layer right after its gradient."""

@@ -100,8 +100,8 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     trainer.run(max_steps=warmup)
     trainer.timer.reset()
     g0, e0 = trainer.grad_steps, trainer.env_steps
-    lk0, hit0 = getattr(trainer.learner, "cache_lookups", 0), getattr(trainer.learner, "cache_hits", 0)
-    sc0 = getattr(trainer.learner, "children_scored", 0)
+    learner = trainer.learner
+    lk0, hit0, sc0 = learner.cache_lookups, learner.cache_hits, learner.children_scored
     t0 = time.perf_counter()
     trainer.run(max_steps=warmup + steps)
     wall = time.perf_counter() - t0
@@ -112,14 +112,13 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     phases = {k: v / n * 1e3 for k, v in trainer.timer.total.items()}
     phases["other"] += max(0.0, wall / n * 1e3 - sum(phases.values()))
     train_ms = sum(phases[k] for k in TRAIN_PHASES)
-    children = (trainer.learner.children_scored - sc0) / n if getattr(trainer.learner, "target_cache", False) \
-        else None
+    children = (learner.children_scored - sc0) / n if learner.target_cache else None
     fwd, bwd = step_flops(trainer, children)
     gemm_s = (phases["forward"] + phases["backward"]) / 1e3
-    parts = {ph: {k: v / n * 1e3 for k, v in d.items()} for ph, d in getattr(trainer.timer, "parts", {}).items()}
+    parts = {ph: {k: v / n * 1e3 for k, v in d.items()} for ph, d in trainer.timer.parts.items()}
     layers = gemm_layers_rate(trainer, parts, children)
-    lookups = getattr(trainer.learner, "cache_lookups", 0) - lk0
-    hit_rate = (getattr(trainer.learner, "cache_hits", 0) - hit0) / lookups if lookups else None
+    lookups = learner.cache_lookups - lk0
+    hit_rate = (learner.cache_hits - hit0) / lookups if lookups else None
     rep = trainer.replay
     return {
         "puzzle": cfg.puzzle, "metric": cfg.metric, "network": trainer.layout.describe(),

@@ -338,12 +338,9 @@ def solve_many(policy, puzzle, states, n_actions, search="greedy", beam_width=64
     elif search == "greedy":
         sols, per = _solve_greedy(policy, states, moves, max_moves)
     else:
-        sols, per = [], np.zeros(n)
-        for i in range(n):
-            t = time.perf_counter()
-            sols.append(_solve_one(policy, states[i], moves, n_actions, search, beam_width, max_moves, weight,
-                                   gamma))
-            per[i] = time.perf_counter() - t
+        done = [_solve_one(policy, states[i], moves, n_actions, search, beam_width, max_moves, weight, gamma)
+                for i in range(n)]
+        sols, per = [s for s, _ in done], np.array([secs for _, secs in done])
     ok = np.array([verify(puzzle, states[i], sols[i]) for i in range(n)], dtype=bool)
     lengths = np.array([len(sols[i]) if ok[i] else -1 for i in range(n)])
     sols = [sols[i] if ok[i] else None for i in range(n)]
@@ -351,9 +348,13 @@ def solve_many(policy, puzzle, states, n_actions, search="greedy", beam_width=64
 
 
 def _solve_one(policy, state, moves, n_actions, search, beam_width, max_moves, weight, gamma):
+    """(solution, seconds) of one cube by beam search or A*."""
+    t = time.perf_counter()
     if search == "beam":
-        return beam_search(policy, state, moves, n_actions, beam_width, max_moves)
-    return astar_search(policy, state, moves, n_actions, beam_width, weight, max_moves, gamma)
+        sol = beam_search(policy, state, moves, n_actions, beam_width, max_moves)
+    else:
+        sol = astar_search(policy, state, moves, n_actions, beam_width, weight, max_moves, gamma)
+    return sol, time.perf_counter() - t
 
 
 def _solve_greedy(policy, states, moves, max_moves):
@@ -380,9 +381,7 @@ def _solve_threaded(policy, states, moves, n_actions, search, beam_width, max_mo
         return local.policy
 
     def one(i):
-        t = time.perf_counter()
-        sol = _solve_one(own_policy(), states[i], moves, n_actions, search, beam_width, max_moves, weight, gamma)
-        return sol, time.perf_counter() - t
+        return _solve_one(own_policy(), states[i], moves, n_actions, search, beam_width, max_moves, weight, gamma)
 
     def share(part):
         return _solve_greedy(own_policy(), states[part], moves, max_moves)
