@@ -11,9 +11,9 @@ from cubedqn.config import Config
 from cubedqn.cube import expand_children, get_puzzle, solved_batch
 from cubedqn.dqn import Trainer, load_policy
 from cubedqn.env import VecEnv
-from cubedqn.encoding import Encoder
+from cubedqn.encoding import Encoder, Policy
 from cubedqn.learner import Learner, all_action_targets, row_max, sampled_targets
-from cubedqn.nn import Layout
+from cubedqn.nn import MLP, Layout
 from cubedqn.replay import Batch, ReplayBuffer, tree_fill_ring, tree_find, tree_set
 from cubedqn.rng import make_rng
 
@@ -164,7 +164,6 @@ def test_all_actions_targets_equal_per_action_ones():
     flat = kids.reshape(48, 24)
     solved = np.empty(48, np.bool_)
     solved_batch(flat, solved)
-    from cubedqn.encoding import Policy
     q_kids = Policy(lr.target, lr.encoder).q_values(flat)
     Y = np.zeros((4, 12))
     kid_max = np.zeros(48)
@@ -196,7 +195,6 @@ def test_representative_children_give_the_same_targets_as_all_children():
     expand_children(b.states, moves, 12, kids)
     solved = np.empty(16 * 12, np.bool_)
     solved_batch(kids.reshape(-1, 24), solved)
-    from cubedqn.encoding import Policy
     q_all = Policy(lr.target, enc).q_values(kids.reshape(-1, 24))
     Y = np.zeros((16, 12))
     kid_max = np.zeros(16 * 12)
@@ -222,6 +220,19 @@ def a_batch(n=8, seed=0):
     b.dones[:] = rng.integers(0, 2, n)
     b.discounts[:] = 0.99
     return b
+
+
+@pytest.mark.parametrize("targets", ["double", "all-actions"])
+def test_last_mean_q_is_the_stepped_batch_mean(targets):
+    """The logged mean Q (computed only when read) is the mean over actions and states of the
+    online Q-values the last step used, i.e. before its update."""
+    _, lr = learner_pair(targets=targets, lr=0.1)
+    b = a_batch(seed=4)
+    before = MLP(lr.layout, params=lr.online.params.copy(), dtype=np.float64)
+    lr.train_step(b)
+    expected = Policy(before, lr.encoder).q_values(b.states).mean()
+    assert not np.array_equal(before.params, lr.online.params)
+    assert lr.last_mean_q == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("inputs,symmetry,sparse", [("pairs", 48, True), ("stickers", 1, True),
