@@ -140,6 +140,12 @@ class CudaLearner(Learner):
         self.d_touched = cuda.device_array(max(m * layout.n_active, 1) if self.sparse_update else 1, np.int64)
         self.host_stale = False
 
+    @property
+    def last_mean_q(self):
+        """Mean Q(s, .) of the last batch, read back from the device when asked (for the log)."""
+        m = self.micro
+        return float(self.d_ws.acts[-1][:m].copy_to_host().mean()) if m else 0.0
+
     # -- the step (mirrors Learner.train_step / _forward_loss) ---------------------------
     def train_step(self, batch, timer=None, use_weights=False):
         clock = time.perf_counter

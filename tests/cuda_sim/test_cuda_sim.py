@@ -117,6 +117,7 @@ def test_three_training_steps_equal_cpu(targets, opt, lazy):
         lc = cpu.train_step(b)
         lg = gpu.train_step(b)
         assert lg == pytest.approx(lc, rel=1e-4, abs=1e-6)
+        assert gpu.last_mean_q == pytest.approx(cpu.last_mean_q, rel=1e-4, abs=1e-6) and cpu.last_mean_q != 0
     gpu.sync_host()
     np.testing.assert_allclose(gpu.online.params, cpu.online.params, rtol=1e-4, atol=1e-5)
     assert cpu.opt.t == gpu.opt.t == 3
