@@ -198,7 +198,7 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     click.echo(f"trained {trainer.grad_steps} gradient steps, {trainer.env_steps} env steps "
                f"in {time.perf_counter() - t0:.1f} s")
     if trainer.learner.target_cache and trainer.learner.cache_lookups:
-        click.echo(f"target cache: {100 * trainer.learner.cache_hits / trainer.learner.cache_lookups:.1f}% of "
+        click.echo(f"target cache: {100 * trainer.learner.target_cache_hit_rate:.1f}% of "
                    f"children's target values reused")
     click.echo(f"checkpoint: {run_dir}")
     click.echo(f"evaluate with: cubedqn eval --checkpoint {run_dir}"

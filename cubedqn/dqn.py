@@ -262,7 +262,7 @@ class Trainer:
             "phases_ms": {k: v / max(steps, 1) * 1e3 for k, v in self.timer.total.items()},
         }
         if self.learner.target_cache:  # share of children's values reused so far in this process
-            rec["target_cache_hit_rate"] = self.learner.cache_hits / max(self.learner.cache_lookups, 1)
+            rec["target_cache_hit_rate"] = self.learner.target_cache_hit_rate
         if not all_finite(self.learner.online.params):
             raise TrainingDiverged(f"parameters became NaN/Inf by gradient step {self.grad_steps}; "
                                    "try a lower learning_rate or max_grad_norm")

@@ -384,6 +384,11 @@ class Learner:
         m = self.micro
         return float(self.ws.q[:m].mean()) if m else 0.0
 
+    @property
+    def target_cache_hit_rate(self):
+        """Share of the unsolved children's values the cache supplied so far (0 before any)."""
+        return self.cache_hits / max(self.cache_lookups, 1)
+
     def _cached_child_targets(self, codes, wt, laps):
         """All-actions targets with the target cache: only children whose max Q_t is not
         cached since the last target update go through the target network. Network rows do
