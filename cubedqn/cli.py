@@ -52,6 +52,9 @@ class CubeGroup(click.Group):
 @click.version_option(__version__, prog_name="cubedqn")
 def main():
     """cubedqn: a fast CPU deep-Q-network engine for Rubik's-cube puzzles."""
+    from .blas import CONFIG_PROBLEM  # an unknown CUBEDQN_BLAS value (see blas.py)
+    if CONFIG_PROBLEM:
+        raise UserError(CONFIG_PROBLEM)
 
 
 # ---------------------------------------------------------------------------------------

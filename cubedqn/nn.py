@@ -7,7 +7,8 @@ optimizer moments and the target network share it, so every layer sees views
 `W[l]` (in_l, out_l) and `b[l]` (out_l,) into a flat array.
 
 Every layer is a `*_forward` / `*_backward` pair of `@njit` kernels taking explicit
-buffers; each GEMM is one BLAS call (`np.dot(a, b, out)` inside njit). The first layer
+buffers; each GEMM is one BLAS call (`blas.gemm(a, b, out)` inside njit: numpy's bundled
+OpenBLAS where it has one, else np.dot's, scipy's; see blas.py). The first layer
 has two interchangeable paths: dense (one-hot float input x W1, a GEMM) and sparse
 (sticker indices `6*sticker + colour`: forward gathers and sums rows of W1, backward
 scatter-adds into dW1). Sparse is the default.
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
+
+from .blas import gemm
 
 HUBER, MSE = 0, 1
 LOSSES = {"huber": HUBER, "mse": MSE}
@@ -221,7 +224,7 @@ def sparse_backward_rows(idx, dout, dW, db, mark, touched, n_prev):
 @njit(cache=True, nogil=True, error_model="numpy")
 def dense_forward(x, W, b, out, relu):
     """x (B,in), W (in,out), b (out,) -> out (B,out) = x @ W + b, then ReLU if relu."""
-    np.dot(x, W, out)
+    gemm(x, W, out)
     n, h = out.shape
     for i in range(n):
         o = out[i]
@@ -236,14 +239,14 @@ def dense_backward(x, dout, W, dW, db, dx, x_is_relu):
 
     dx may have zero rows to skip the input gradient (first layer).
     """
-    np.dot(x.T, dout, dW)
+    gemm(x.T, dout, dW)
     n, h = dout.shape
     db[:] = 0
     for i in range(n):
         for j in range(h):
             db[j] += dout[i, j]
     if dx.shape[0] > 0:
-        np.dot(dout, W.T, dx)
+        gemm(dout, W.T, dx)
         if x_is_relu:
             m, c = dx.shape
             for i in range(m):

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from . import blas
 from .learner import PhaseTimer
 
 TRAIN_PHASES = ("sample", "forward", "backward", "optimizer")
@@ -24,7 +25,7 @@ TRAIN_PHASES = ("sample", "forward", "backward", "optimizer")
 
 @njit(cache=True)
 def _gemm(a, b, c):
-    np.dot(a, b, c)
+    blas.gemm(a, b, c)
 
 
 def peak_gflops(dtype=np.float32, n=1024, reps=5) -> float:
@@ -43,15 +44,19 @@ def peak_gflops(dtype=np.float32, n=1024, reps=5) -> float:
 
 
 def blas_info() -> dict:
-    """The OpenBLAS that numba's np.dot uses (scipy's), its kernel and threads."""
+    """The BLAS the kernels' float32 GEMMs run on (blas.BACKEND: numpy's bundled OpenBLAS,
+    or scipy's, which numba's np.dot uses), its kernel and threads."""
     from threadpoolctl import threadpool_info
     infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-    # scipy's own copy lives under scipy.libs/ (wheels) or scipy/; numpy's is also named
-    # libscipy_openblas64_*, so the file name alone does not tell them apart
-    pick = next((i for i in infos if {"scipy.libs", "scipy"} & set(Path(i.get("filepath", "")).parts)),
-                infos[0] if infos else {})
+    if blas.BACKEND == "numpy":  # the library blas.py bound (read again: threads may have changed)
+        pick = next((i for i in infos if i.get("filepath") == blas.BACKEND_INFO["filepath"]), blas.BACKEND_INFO)
+    else:
+        # scipy's copy lives under scipy.libs/ (wheels) or scipy/; numpy's is also named
+        # libscipy_openblas64_*, so the file name alone does not tell them apart
+        pick = next((i for i in infos if {"scipy.libs", "scipy"} & set(Path(i.get("filepath", "")).parts)),
+                    infos[0] if infos else {})
     return {"library": pick.get("internal_api", "unknown"), "version": pick.get("version"),
-            "kernel": pick.get("architecture"), "threads": pick.get("num_threads"),
+            "kernel": pick.get("architecture"), "threads": pick.get("num_threads"), "source": blas.BACKEND,
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
 
 
@@ -169,6 +174,6 @@ def format_report(r: dict) -> str:
                  f"optimizer state {m['optimizer_state'] / 1e6:.2f} MB, replay {m['replay_buffer'] / 1e6:.2f} MB "
                  f"({m['replay_per_transition']} B/transition)")
     b = r["blas"]
-    lines.append(f"BLAS: {b['library']} {b['version']} kernel {b['kernel']}, {b['threads']} thread(s), "
-                 f"OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
+    lines.append(f"BLAS: {b['library']} {b['version']} ({b.get('source', 'scipy')}'s) kernel {b['kernel']}, "
+                 f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
     return "\n".join(lines)

@@ -219,15 +219,3 @@ def test_profile_flops_count_what_the_learner_computes():
     assert tr.learner.n_rep == 6  # canonical 2x2x2: 6 distinct children per state
     assert fwd == lay.flops_forward(8 * 6) + lay.flops_forward(8)
     assert bwd == lay.flops_backward(8)
-
-
-def test_blas_info_names_scipys_openblas_not_numpys(monkeypatch):
-    """numpy's wheel ships libscipy_openblas64_*.so too; the one njit calls is scipy's."""
-    import threadpoolctl
-    from cubedqn.profiling import blas_info
-    fake = [{"user_api": "blas", "internal_api": "openblas", "version": "numpy's", "architecture": "X",
-             "num_threads": 1, "filepath": "/v/site-packages/numpy.libs/libscipy_openblas64_-1.so"},
-            {"user_api": "blas", "internal_api": "openblas", "version": "scipy's", "architecture": "X",
-             "num_threads": 1, "filepath": "/v/site-packages/scipy.libs/libscipy_openblas-2.so"}]
-    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: fake)
-    assert blas_info()["version"] == "scipy's"

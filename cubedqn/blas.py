@@ -1,0 +1,184 @@
+"""The GEMM every njit kernel calls: `gemm(a, b, out)` writes out = a @ b.
+
+What this file is: which BLAS library runs the engine's float32 GEMMs, chosen once at
+import. numba's own `np.dot` inside njit always calls scipy's OpenBLAS (through
+`scipy.linalg.cython_blas`). numpy's wheels bundle a second, newer OpenBLAS build
+(64-bit integers, symbols `scipy_cblas_sgemm64_` etc.; 0.3.31 beside scipy's 0.3.30 here),
+which ran the network's 64- and 128-row GEMMs 10-37% faster, side by side in one process
+(`python scripts/bench_blas.py`). So float32 GEMMs call a CBLAS sgemm through the external
+symbol `cubedqn_sgemm64`, which this module binds at import:
+
+  "numpy"  numpy's bundled ILP64 OpenBLAS `cblas_sgemm` (the default when it is there and
+           passes a check on small products at import);
+  "scipy"  a small native fallback (`sgemm_via_np_dot` below) that hands the product to
+           numba's np.dot, i.e. scipy's BLAS: used when numpy has no such library (other
+           numpy builds: Accelerate, MKL) or when CUBEDQN_BLAS=scipy is set.
+
+The choice lives in the symbol, not in the compiled kernels: a kernel loaded from Numba's
+cache calls `cubedqn_sgemm64` by name, so it stays valid when the choice changes. float64
+(gradient checks) always uses np.dot. Threads: `threads.limit_threads` limits every
+loaded BLAS, numpy's included.
+
+What it is not: a GEMM implementation. The contract of `gemm`: 2-D operands, each one
+either row-contiguous (as a C array or its row slice) or column-contiguous (a transposed
+view); anything else goes to np.dot. alpha 1, beta 0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import llvmlite.binding as llb
+import numpy as np
+from numba import carray, cfunc, njit, types
+from numba.extending import overload
+
+SYMBOL = "cubedqn_sgemm64"
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+CHOICES = ("numpy", "scipy")
+
+# void cblas_sgemm(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc), ILP64
+_i32, _i64, _f32, _fp = types.int32, types.int64, types.float32, types.CPointer(types.float32)
+SGEMM_SIG = types.void(_i32, _i32, _i32, _i64, _i64, _i64, _f32, _fp, _i64, _fp, _i64, _f32, _fp, _i64)
+_sgemm = types.ExternalFunction(SYMBOL, SGEMM_SIG)
+_CTYPES_SIG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                               ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                               ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
+
+
+def gemm(a, b, out):
+    """out = a @ b for 2-D arrays (called from Python: numpy's own np.dot)."""
+    np.dot(a, b, out)
+
+
+@njit(cache=True, nogil=True)
+def _operand(x):
+    """(transpose flag, leading dimension) of a 2-D float32 operand, or (0, 0) if it is
+    neither row- nor column-contiguous."""
+    rows, cols = x.shape
+    s0, s1 = x.strides
+    if s1 == 4 and s0 >= 4 * max(1, cols) and s0 % 4 == 0:
+        return NO_TRANS, s0 // 4
+    if s0 == 4 and s1 >= 4 * max(1, rows) and s1 % 4 == 0:
+        return TRANS, s1 // 4
+    return 0, 0
+
+
+@overload(gemm, jit_options={"nogil": True})
+def _gemm_overload(a, b, out):
+    if not (a.ndim == b.ndim == out.ndim == 2 and a.dtype == b.dtype == out.dtype == types.float32):
+        def via_np_dot(a, b, out):
+            np.dot(a, b, out)
+        return via_np_dot
+
+    def via_symbol(a, b, out):
+        m, k = a.shape
+        n = b.shape[1]
+        if m == 0 or n == 0:
+            return
+        ta, lda = _operand(a)
+        tb, ldb = _operand(b)
+        if ta == 0 or tb == 0 or k == 0 or out.strides[1] != 4 or out.strides[0] < 4 * n:
+            np.dot(a, b, out)
+            return
+        _sgemm(ROW_MAJOR, ta, tb, m, n, k, np.float32(1.0), a.ctypes, lda, b.ctypes, ldb,
+               np.float32(0.0), out.ctypes, out.strides[0] // 4)
+    return via_symbol
+
+
+def _make_fallback():
+    """The "scipy" choice: an sgemm with the CBLAS ILP64 signature that runs numba's np.dot
+    (scipy's OpenBLAS) on the operands as arrays. Compiled (and cached) only when used."""
+
+    @cfunc(SGEMM_SIG, cache=True, nopython=True)
+    def sgemm_via_np_dot(order, ta, tb, m, n, k, alpha, pa, lda, pb, ldb, beta, pc, ldc):
+        # gemm()'s contract: row-major, alpha 1, beta 0; leading dimensions may exceed widths
+        c = carray(pc, (m - 1) * ldc + n)
+        exact = lda == (k if ta == NO_TRANS else m) and ldb == (n if tb == NO_TRANS else k) and ldc == n
+        if exact:
+            out = carray(pc, (m, n))
+            if ta == NO_TRANS and tb == NO_TRANS:
+                np.dot(carray(pa, (m, k)), carray(pb, (k, n)), out)
+            elif ta == NO_TRANS:
+                np.dot(carray(pa, (m, k)), carray(pb, (n, k)).T, out)
+            elif tb == NO_TRANS:
+                np.dot(carray(pa, (k, m)).T, carray(pb, (k, n)), out)
+            else:
+                np.dot(carray(pa, (k, m)).T, carray(pb, (n, k)).T, out)
+            return
+        a = carray(pa, (m - 1) * lda + k if ta == NO_TRANS else (k - 1) * lda + m)
+        b = carray(pb, (k - 1) * ldb + n if tb == NO_TRANS else (n - 1) * ldb + k)
+        for i in range(m):
+            for j in range(n):
+                acc = np.float32(0.0)
+                for p in range(k):
+                    av = a[i * lda + p] if ta == NO_TRANS else a[p * lda + i]
+                    bv = b[p * ldb + j] if tb == NO_TRANS else b[j * ldb + p]
+                    acc += av * bv
+                c[i * ldc + j] = acc
+
+    return sgemm_via_np_dot
+
+
+def _check(fn) -> bool:
+    """Does fn (a ctypes CBLAS sgemm, ILP64) compute small products right, in all four
+    transpose cases and with a leading dimension wider than the matrix?"""
+    rng = np.random.default_rng(0)
+    m, n, k = 5, 3, 4
+    a = rng.standard_normal((m, k + 2)).astype(np.float32)[:, :k]
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    for ta in (NO_TRANS, TRANS):
+        for tb in (NO_TRANS, TRANS):
+            A = np.ascontiguousarray(a.T).T if ta == TRANS else a
+            B = np.ascontiguousarray(b.T).T if tb == TRANS else b
+            buf = np.full((m, n + 1), np.nan, np.float32)
+            lda = A.strides[0 if ta == NO_TRANS else 1] // 4
+            ldb = B.strides[0 if tb == NO_TRANS else 1] // 4
+            fn(ROW_MAJOR, ta, tb, m, n, k, 1.0, A.ctypes.data, lda, B.ctypes.data, ldb, 0.0, buf.ctypes.data, n + 1)
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            if not np.allclose(buf[:, :n], want, rtol=1e-5, atol=1e-5):
+                return False
+    return True
+
+
+def _numpy_openblas():
+    """(address of numpy's bundled ILP64 cblas_sgemm, its threadpoolctl info), or None."""
+    from threadpoolctl import threadpool_info
+    for info in threadpool_info():
+        path = info.get("filepath") or ""
+        if info.get("internal_api") != "openblas" or not any(p.startswith("numpy") for p in Path(path).parts):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("scipy_cblas_sgemm64_", "cblas_sgemm64_"):
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                continue
+            addr = ctypes.cast(fn, ctypes.c_void_p).value
+            if _check(_CTYPES_SIG(addr)):
+                return addr, info
+    return None
+
+
+def _bind():
+    """Bind SYMBOL; returns (choice, threadpoolctl info of the library or None, problem)."""
+    wanted = os.environ.get("CUBEDQN_BLAS", "").strip().lower() or "numpy"
+    problem = None
+    if wanted not in CHOICES:
+        problem = f"CUBEDQN_BLAS={os.environ['CUBEDQN_BLAS']!r} is not one of: {', '.join(CHOICES)}"
+        wanted = "numpy"
+    found = _numpy_openblas() if wanted == "numpy" else None
+    if found:
+        addr, info = found
+        llb.add_symbol(SYMBOL, addr)
+        return "numpy", info, problem
+    llb.add_symbol(SYMBOL, _make_fallback().address)
+    return "scipy", None, problem
+
+
+BACKEND, BACKEND_INFO, CONFIG_PROBLEM = _bind()

@@ -1,0 +1,150 @@
+"""blas.gemm: the kernels' GEMM against a float64 reference, on both libraries it can bind.
+
+The default process binds numpy's bundled OpenBLAS where there is one; the "scipy" choice
+(a native sgemm that runs numba's np.dot) is tested here through ctypes, and once in a
+subprocess with CUBEDQN_BLAS=scipy, where the same cached kernels must give the same rows.
+"""
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import njit
+
+from cubedqn import blas
+from cubedqn.blas import NO_TRANS, ROW_MAJOR, TRANS, gemm
+
+# operands typed as non-contiguous compile np.dot's copying branch too, which numba warns about
+pytestmark = pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
+
+
+@njit(cache=True)
+def _gemm_jit(a, b, out):
+    gemm(a, b, out)
+
+
+def _operands(rng, m, n, k, dtype):
+    """op(A) (m,k) and op(B) (k,n) in every storage gemm meets: C arrays, transposed views,
+    row slices of taller arrays and transposed column blocks of wider ones."""
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    a_tall = np.vstack([a, rng.standard_normal((3, k)).astype(dtype)])[:m]
+    b_wide_t = np.ascontiguousarray(np.hstack([b.T.copy(), np.zeros((n, 2), dtype)]))[:, :k].T
+    return [(a, b), (np.ascontiguousarray(a.T).T, b), (a, np.ascontiguousarray(b.T).T),
+            (np.ascontiguousarray(a.T).T, np.ascontiguousarray(b.T).T), (a_tall, b_wide_t)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m,n,k", [(64, 256, 256), (5, 3, 4), (1, 12, 1), (7, 1, 9), (3, 4, 0), (0, 3, 4)])
+def test_gemm_matches_float64_reference(dtype, m, n, k):
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    for A, B in _operands(rng, m, n, k, dtype):
+        want = A.astype(np.float64) @ B.astype(np.float64)
+        out = np.full((m, n), np.nan, dtype)
+        _gemm_jit(A, B, out)
+        np.testing.assert_allclose(out, want, rtol=tol, atol=tol * max(1, k))
+        out_rows = np.full((m + 2, n), np.nan, dtype)  # a row slice as out
+        _gemm_jit(A, B, out_rows[:m])
+        np.testing.assert_allclose(out_rows[:m], want, rtol=tol, atol=tol * max(1, k))
+
+
+def test_gemm_falls_back_to_np_dot_for_strided_operands():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((6, 10)).astype(np.float32)[:, ::2]  # neither row- nor column-contiguous
+    b = rng.standard_normal((5, 4)).astype(np.float32)
+    out = np.zeros((6, 4), np.float32)
+    _gemm_jit(a, b, out)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+def _call(fn, A, B, out, ldc=None):
+    """Call a ctypes CBLAS sgemm (ILP64, row-major) on float32 arrays as gemm would."""
+    m, k = A.shape
+    n = B.shape[1]
+    ta, lda = (NO_TRANS, A.strides[0] // 4) if A.strides[1] == 4 else (TRANS, A.strides[1] // 4)
+    tb, ldb = (NO_TRANS, B.strides[0] // 4) if B.strides[1] == 4 else (TRANS, B.strides[1] // 4)
+    fn(ROW_MAJOR, ta, tb, m, n, k, 1.0, A.ctypes.data, lda, B.ctypes.data, ldb, 0.0, out.ctypes.data,
+       ldc or out.strides[0] // 4)
+
+
+def test_scipy_fallback_sgemm_matches_reference():
+    """The native sgemm bound when numpy has no OpenBLAS: np.dot for exact leading
+    dimensions, its own loop for wider ones (row slices of wider arrays)."""
+    fallback = blas._CTYPES_SIG(blas._make_fallback().address)
+    rng = np.random.default_rng(3)
+    for A, B in _operands(rng, 9, 6, 5, np.float32):
+        want = A.astype(np.float64) @ B.astype(np.float64)
+        out = np.full((9, 6), np.nan, np.float32)
+        _call(fallback, A, B, out)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        wide = np.full((9, 8), np.nan, np.float32)  # ldc 8 > n 6: the loop path
+        _call(fallback, A, B, wide)
+        np.testing.assert_allclose(wide[:, :6], want, rtol=1e-5, atol=1e-5)
+        assert np.isnan(wide[:, 6:]).all()
+    assert blas._check(fallback)
+
+
+def test_check_rejects_a_wrong_sgemm():
+    noop = blas._CTYPES_SIG(lambda *args: None)  # leaves C untouched (NaN)
+    assert not blas._check(noop)
+
+
+def test_the_bound_library_passes_the_check_and_is_named():
+    assert blas.BACKEND in blas.CHOICES
+    if blas.BACKEND == "numpy":
+        assert "numpy" in blas.BACKEND_INFO["filepath"]
+    from cubedqn.profiling import blas_info
+    info = blas_info()
+    assert info["source"] == blas.BACKEND
+
+
+def test_blas_info_names_scipys_openblas_when_scipy_is_bound(monkeypatch):
+    """numpy's wheel ships libscipy_openblas64_*.so too; with the "scipy" choice the
+    library named must be scipy's, with "numpy" the one blas.py bound."""
+    import threadpoolctl
+    from cubedqn.profiling import blas_info
+    numpy_lib = {"user_api": "blas", "internal_api": "openblas", "version": "numpy's", "architecture": "X",
+                 "num_threads": 1, "filepath": "/v/site-packages/numpy.libs/libscipy_openblas64_-1.so"}
+    scipy_lib = {"user_api": "blas", "internal_api": "openblas", "version": "scipy's", "architecture": "X",
+                 "num_threads": 1, "filepath": "/v/site-packages/scipy.libs/libscipy_openblas-2.so"}
+    monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: [numpy_lib, scipy_lib])
+    monkeypatch.setattr(blas, "BACKEND", "scipy")
+    assert blas_info()["version"] == "scipy's"
+    monkeypatch.setattr(blas, "BACKEND", "numpy")
+    monkeypatch.setattr(blas, "BACKEND_INFO", numpy_lib)
+    assert blas_info()["version"] == "numpy's"
+
+
+_NETWORK_ROWS = """
+import numpy as np
+from cubedqn import blas
+from cubedqn.nn import Layout, MLP
+net = MLP(Layout(144, 24, (64, 32), 12), seed=1)
+ws = net.workspace(16)
+ws.idx[:] = 6 * np.arange(24) + np.random.default_rng(2).integers(0, 6, (16, 24))
+print(blas.BACKEND, ' '.join(repr(float(v)) for v in net.forward_ws(ws, 16).ravel()))
+"""
+
+
+def test_scipy_choice_gives_the_same_network_rows():
+    """The same (cached) kernels, with the GEMM symbol bound to the other library."""
+    rows = {}
+    for choice in blas.CHOICES:
+        env = dict(os.environ, CUBEDQN_BLAS=choice)
+        out = subprocess.run([sys.executable, "-c", _NETWORK_ROWS], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()
+        rows[out[0]] = np.array([float(v) for v in out[1:]])
+    assert "scipy" in rows and len(rows["scipy"]) == 16 * 12
+    for got in rows.values():
+        np.testing.assert_allclose(got, rows["scipy"], rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_choice_is_a_one_line_error():
+    env = dict(os.environ, CUBEDQN_BLAS="mkl")
+    r = subprocess.run([sys.executable, "-m", "cubedqn.cli", "scramble", "--moves", "3"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "cubedqn: error: CUBEDQN_BLAS='mkl' is not one of: numpy, scipy"
