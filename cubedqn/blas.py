@@ -4,8 +4,9 @@ What this file is: which BLAS library runs the engine's float32 GEMMs, chosen on
 import. numba's own `np.dot` inside njit always calls scipy's OpenBLAS (through
 `scipy.linalg.cython_blas`). numpy's wheels bundle a second, newer OpenBLAS build
 (64-bit integers, symbols `scipy_cblas_sgemm64_` etc.; 0.3.31 beside scipy's 0.3.30 here),
-which ran the network's 64- and 128-row GEMMs 10-37% faster, side by side in one process
-(`python scripts/bench_blas.py`). So float32 GEMMs call a CBLAS sgemm through the external
+which ran the network's 64- and 128-row forward and weight-gradient GEMMs 1.15-1.39x
+faster and the rest about as fast, side by side in one process (`python
+scripts/bench_blas.py`). So float32 GEMMs call a CBLAS sgemm through the external
 symbol `cubedqn_sgemm64`, which this module binds at import:
 
   "numpy"  numpy's bundled ILP64 OpenBLAS `cblas_sgemm` (the default when it is there and
@@ -18,6 +19,9 @@ The choice lives in the symbol, not in the compiled kernels: a kernel loaded fro
 cache calls `cubedqn_sgemm64` by name, so it stays valid when the choice changes. float64
 (gradient checks) always uses np.dot. Threads: `threads.limit_threads` limits every
 loaded BLAS, numpy's included.
+
+nn.py's kernels inline `gemm`: after editing this file, clear Numba's cache (a change in
+another module does not invalidate a cached caller: numba issues #1833, #9483).
 
 What it is not: a GEMM implementation. The contract of `gemm`: 2-D operands, each one
 either row-contiguous (as a C array or its row slice) or column-contiguous (a transposed

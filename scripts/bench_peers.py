@@ -229,7 +229,8 @@ def gemm_floor(layout, batch, reps=200):
 def blas_kernel():
     from cubedqn.profiling import blas_info
     b = blas_info()
-    return f"{b['library']} {b['version']} kernel {b['kernel']}, OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}"
+    return (f"{b['library']} {b['version']} ({b['source']}'s, see cubedqn/blas.py) kernel {b['kernel']}, "
+            f"OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
 
 
 def bench(impls, reps, inner):
