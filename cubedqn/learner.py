@@ -297,7 +297,7 @@ class Learner:
                 self.n_touched = sparse_backward_rows(ws.idx[:m], ws.deltas[0][:m], gW[0], gb[0], self.row_mark,
                                                       self.touched, self.n_touched)
             else:
-                mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m)
+                mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m, ws.panel)
             laps.lap("first layer")
             if not first:
                 add_into(self.grads, self.grads_tmp)

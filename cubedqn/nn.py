@@ -18,14 +18,20 @@ What it is not: the optimizer (`optim.py`) or anything that knows about replay o
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
+from . import panels
 from .blas import gemm
 
 HUBER, MSE = 0, 1
+PANEL_MAX_IN = 384  # widest W1 (input rows) the panel kernels take: a 48 KB panel
+# CUBEDQN_PANELS=0 keeps the row gather everywhere (for side-by-side timings)
+PANELS = os.environ.get("CUBEDQN_PANELS", "1").strip() != "0"
 LOSSES = {"huber": HUBER, "mse": MSE}
 
 
@@ -119,6 +125,11 @@ class Workspace:
         self.acts = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
         self.deltas = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
         self.idx = np.zeros((rows, layout.n_active), np.int32)
+        # scratch for one column panel of W1 (panels.py): float32 sparse inputs narrow enough
+        # for a panel to sit in L1 (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs)
+        panel = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
+                 and layout.widths[1] % panels.PANEL == 0)
+        self.panel = np.zeros(layout.in_dim * panels.PANEL if panel else 0, dtype)
         self.x = np.zeros((rows, layout.in_dim), dtype) if dense_input else np.zeros((rows, 0), dtype)
         self.q = np.zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
         self.dq = np.zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
@@ -180,6 +191,91 @@ def sparse_backward(idx, dout, dW, db):
             w = dW[idx[i, k]]
             for j in range(h):
                 w[j] += d[j]
+
+
+def _panel_gather(idx, W, b, out, relu, panel):
+    """Columns [0, return value) of sparse_forward done by panels.py (float32 only)."""
+    return 0
+
+
+def _panel_scatter(idx, dout, dW, db, panel):
+    """Columns [0, return value) of sparse_backward done by panels.py (float32 only)."""
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _rows_fit(a):
+    """a (2-D) has contiguous rows (its row stride may be wider: a row slice)."""
+    return a.strides[1] == a.itemsize and a.strides[0] >= a.shape[1] * a.itemsize
+
+
+@overload(_panel_gather, jit_options={"nogil": True})
+def _panel_gather_overload(idx, W, b, out, relu, panel):
+    if not (W.dtype == out.dtype == b.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
+        return lambda idx, W, b, out, relu, panel: 0
+
+    def run(idx, W, b, out, relu, panel):
+        n, s = idx.shape
+        n_in, h = W.shape
+        hp = h // panels.PANEL * panels.PANEL
+        if hp == 0 or panel.shape[0] < n_in * panels.PANEL or b.strides[0] != 4 or not (_rows_fit(idx) and _rows_fit(W) and _rows_fit(out)):
+            return 0
+        panels.gather_panels(out.ctypes, out.strides[0] // 4, W.ctypes, W.strides[0] // 4, idx.ctypes,
+                             idx.strides[0] // 4, n, s, hp, b.ctypes, 1 if relu else 0, panel.ctypes, n_in)
+        return hp
+    return run
+
+
+@overload(_panel_scatter, jit_options={"nogil": True})
+def _panel_scatter_overload(idx, dout, dW, db, panel):
+    if not (dW.dtype == dout.dtype == db.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
+        return lambda idx, dout, dW, db, panel: 0
+
+    def run(idx, dout, dW, db, panel):
+        n, s = idx.shape
+        n_in, h = dW.shape
+        hp = h // panels.PANEL * panels.PANEL
+        if hp == 0 or panel.shape[0] < n_in * panels.PANEL or db.strides[0] != 4 or not (_rows_fit(idx) and _rows_fit(dout) and _rows_fit(dW)):
+            return 0
+        panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4, idx.ctypes,
+                              idx.strides[0] // 4, n, s, hp, db.ctypes, panel.ctypes, n_in)
+        return hp
+    return run
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def sparse_forward_panels(idx, W, b, out, relu, panel):
+    """sparse_forward by column panels (panels.py: float32, panel has in*PANEL floats);
+    columns it does not cover (float64, or H mod PANEL) are summed here the same way:
+    bias, then the stickers in order."""
+    n, s = idx.shape
+    h = W.shape[1]
+    done = _panel_gather(idx, W, b, out, relu, panel)
+    for i in range(n):
+        for j in range(done, h):
+            v = b[j]
+            for k in range(s):
+                v += W[idx[i, k], j]
+            out[i, j] = 0 if (relu and v < 0) else v
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def sparse_backward_panels(idx, dout, dW, db, panel):
+    """sparse_backward by column panels (see sparse_forward_panels); every element of dW
+    and db is written."""
+    n, s = idx.shape
+    h = dout.shape[1]
+    done = _panel_scatter(idx, dout, dW, db, panel)
+    if done == h:
+        return
+    dW[:, done:] = 0
+    db[done:] = 0
+    for i in range(n):
+        for j in range(done, h):
+            d = dout[i, j]
+            db[j] += d
+            for k in range(s):
+                dW[idx[i, k], j] += d
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -280,15 +376,26 @@ def dueling_backward(dq, dhead):
         dhead[i, a] = s
 
 
+@njit(cache=True, nogil=True)
+def use_panels(panel, rows, n_active, n_in):
+    """The panel kernels copy all of W1 once per call: with a scratch, and only when the
+    rows gather at least 8x as many W1 rows as it has (about where they broke even,
+    forward and backward, at 144 x 256 and 324 x 1024)."""
+    return panel.shape[0] > 0 and rows * n_active >= 8 * n_in
+
+
 # ---------------------------------------------------------------------------------------
 # Whole-network kernels, each direction in two calls (the first layer, then layers 1..L-1)
 # so that a profile can time them apart; Ws/bs/acts/deltas are tuples of views
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows):
-    """Layer 0 over the first `rows` rows: idx (B,S) if sparse else x (B,in) -> acts[0]."""
+def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel):
+    """Layer 0 over the first `rows` rows: idx (B,S) if sparse else x (B,in) -> acts[0].
+    panel: the workspace's panel scratch (see use_panels); empty: the row gather."""
     L = len(Ws)
-    if sparse:
+    if sparse and use_panels(panel, rows, idx.shape[1], Ws[0].shape[0]):
+        sparse_forward_panels(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1, panel)
+    elif sparse:
         sparse_forward(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
     else:
         dense_forward(x[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
@@ -314,9 +421,11 @@ def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows):
+def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows, panel):
     """Layer 0's gradient from deltas[0] (dLoss/d its output, first `rows` rows)."""
-    if sparse:
+    if sparse and use_panels(panel, rows, idx.shape[1], Ws[0].shape[0]):
+        sparse_backward_panels(idx[:rows], deltas[0][:rows], dWs[0], dbs[0], panel)
+    elif sparse:
         sparse_backward(idx[:rows], deltas[0][:rows], dWs[0], dbs[0])
     else:
         dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], False)
@@ -398,7 +507,7 @@ class MLP:
     def forward_ws(self, ws: Workspace, rows: int, laps=None):
         """Q-values of the workspace's first `rows` input rows. laps (learner.Laps), if given,
         is told when the first layer and when the GEMM layers are done."""
-        mlp_forward_first(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows)
+        mlp_forward_first(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows, ws.panel)
         if laps is not None:
             laps.lap("first layer")
         mlp_forward_upper(self.Ws, self.bs, ws.acts, rows)

@@ -47,7 +47,7 @@ def engine_loss_and_grad(net, states, kind, targets, actions=None, weights=None)
     grad = np.zeros_like(net.params)
     gW, gb = views(grad, net.layout)
     mlp_backward_upper(net.Ws, ws.acts, ws.deltas, gW, gb, n)
-    mlp_backward_first(ws.idx, ws.x, net.sparse, net.Ws, ws.deltas, gW, gb, n)
+    mlp_backward_first(ws.idx, ws.x, net.sparse, net.Ws, ws.deltas, gW, gb, n, ws.panel)
     return loss, grad, q.copy()
 
 
@@ -267,3 +267,123 @@ def test_learner_sparse_update_equals_dense_for_sgd():
     assert runs[1].learner.updates == 6
     np.testing.assert_allclose(runs[1].learner.online.params, runs[0].learner.online.params,
                                rtol=1e-6, atol=1e-7)
+
+
+# -- the panel kernels (panels.py) behind the float32 sparse first layer ----------------------
+
+def sequential_gather(idx, W, b, relu):
+    """float32, one add at a time: bias, then the stickers in order (the panels' order)."""
+    out = np.repeat(b[None, :], len(idx), 0)
+    for k in range(idx.shape[1]):
+        out += W[idx[:, k]]
+    return np.maximum(out, 0) if relu else out
+
+
+def sequential_scatter(idx, dout, n_in):
+    dW = np.zeros((n_in, dout.shape[1]), dout.dtype)
+    db = np.zeros(dout.shape[1], dout.dtype)
+    for i in range(len(idx)):
+        db += dout[i]
+        for k in range(idx.shape[1]):
+            dW[idx[i, k]] += dout[i]
+    return dW, db
+
+
+@pytest.mark.parametrize("n_in,s,h,rows", [(144, 24, 256, 64), (144, 24, 256, 37), (324, 54, 96, 20),
+                                           (30, 5, 80, 7), (30, 5, 16, 3), (12, 2, 32, 1)])
+@pytest.mark.parametrize("relu", [True, False])
+def test_panel_kernels_equal_sequential_float32_sums_bitwise(n_in, s, h, rows, relu):
+    """Odd row counts (the two-rows-at-once tail), widths that are not a multiple of the
+    panel (the columns left to nn.py), one-panel and no-panel widths; results are the
+    plain sequential float32 sums exactly, and every output element is written."""
+    from cubedqn.nn import sparse_backward_panels, sparse_forward_panels
+    from cubedqn.panels import PANEL
+    rng = np.random.default_rng(n_in + h + rows)
+    W = rng.standard_normal((n_in, h)).astype(np.float32)
+    b = rng.standard_normal(h).astype(np.float32)
+    per = n_in // s  # sticker k's one-hot rows: k * per .. k * per + per - 1
+    idx = (np.arange(s)[None, :] * per + rng.integers(0, per, (rows, s))).astype(np.int32)
+    dout = rng.standard_normal((rows, h)).astype(np.float32)
+    panel = np.zeros(n_in * PANEL, np.float32)
+    out = np.full((rows, h), np.nan, np.float32)
+    sparse_forward_panels(idx, W, b, out, relu, panel)
+    np.testing.assert_array_equal(out, sequential_gather(idx, W, b, relu))
+    dW = np.full((n_in, h), np.nan, np.float32)
+    db = np.full(h, np.nan, np.float32)
+    sparse_backward_panels(idx, dout, dW, db, panel)
+    dW_ref, db_ref = sequential_scatter(idx, dout, n_in)
+    np.testing.assert_array_equal(dW, dW_ref)
+    np.testing.assert_array_equal(db, db_ref)
+    # and against float64 sums, the row kernels' reference
+    W64 = W.astype(np.float64)
+    want = b + W64[idx].sum(1)
+    np.testing.assert_allclose(out, np.maximum(want, 0) if relu else want, rtol=1e-5, atol=1e-5)
+
+
+def test_panel_kernels_rows_of_wider_buffers_and_float64():
+    """Row slices of wider arrays (row stride > width) and float64 (no IR: all columns in
+    nn.py) give the same sums; a too-small panel scratch falls back to nn.py's loop."""
+    from cubedqn.nn import sparse_backward_panels, sparse_forward_panels
+    from cubedqn.panels import PANEL
+    rng = np.random.default_rng(7)
+    n_in, s, h, rows = 48, 8, 64, 9
+    W = rng.standard_normal((n_in, h)).astype(np.float32)
+    b = rng.standard_normal(h).astype(np.float32)
+    idx = (np.arange(s)[None, :] * 6 + rng.integers(0, 6, (rows, s))).astype(np.int32)
+    dout = rng.standard_normal((rows, h)).astype(np.float32)
+    want = sequential_gather(idx, W, b, True)
+    dW_want, db_want = sequential_scatter(idx, dout, n_in)
+    wide_W = np.zeros((n_in, h + 16), np.float32)
+    wide_W[:, :h] = W
+    wide_out = np.zeros((rows, h + 8), np.float32)
+    idx_wide = np.zeros((rows, s + 3), np.int32)
+    idx_wide[:, :s] = idx
+    for panel in (np.zeros(n_in * PANEL, np.float32), np.zeros(n_in * PANEL - 1, np.float32)):
+        sparse_forward_panels(idx_wide[:, :s], wide_W[:, :h], b, wide_out[:, :h], True, panel)
+        np.testing.assert_array_equal(wide_out[:, :h], want)
+        dW = np.full((n_in, h + 16), np.nan, np.float32)
+        db = np.zeros(h, np.float32)
+        sparse_backward_panels(idx, dout, dW[:, :h], db, panel)
+        np.testing.assert_array_equal(dW[:, :h], dW_want)
+        assert np.isnan(dW[:, h:]).all()
+        np.testing.assert_array_equal(db, db_want)
+    out64 = np.zeros((rows, h))
+    sparse_forward_panels(idx, W.astype(np.float64), b.astype(np.float64), out64, True, np.zeros(0))
+    np.testing.assert_allclose(out64, np.maximum(b + W.astype(np.float64)[idx].sum(1), 0), rtol=1e-12)
+
+
+def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
+    """float32 workspaces of narrow sparse inputs get a panel scratch (not float64, dense
+    or slot-pair inputs); a step's forward and gradients with and without it agree."""
+    from cubedqn.nn import Workspace, mlp_backward_first, mlp_backward_upper, use_panels
+    from cubedqn.panels import PANEL
+    cube3 = Layout(in_dim=324, n_active=54, hidden=(64, 32), n_actions=12)
+    assert Workspace(cube3, 8).panel.size == 324 * PANEL
+    assert Workspace(cube3, 8, np.float64).panel.size == 0
+    assert Workspace(cube3, 8, dense_input=True).panel.size == 0
+    assert Workspace(Layout(9261, 28, (256,), 12), 8).panel.size == 0
+    assert Workspace(Layout(324, 54, (100,), 12), 8).panel.size == 0   # not a multiple of PANEL
+    panel = np.zeros(324 * PANEL, np.float32)
+    assert use_panels(panel, 48, 54, 324) and not use_panels(panel, 47, 54, 324)
+    assert not use_panels(np.zeros(0, np.float32), 1000, 54, 324)
+    net = MLP(cube3, seed=2)
+    rng = np.random.default_rng(3)
+    rows = 64
+    idx = (np.arange(54)[None, :] * 6 + rng.integers(0, 6, (rows, 54))).astype(np.int32)
+    dq = rng.standard_normal((rows, 12)).astype(np.float32)
+    results = []
+    for with_panel in (True, False):
+        ws = net.workspace(rows)
+        if not with_panel:
+            ws.panel = np.zeros(0, np.float32)
+        ws.idx[:] = idx
+        q = net.forward_ws(ws, rows).copy()
+        ws.deltas[-1][:] = dq
+        grad = np.zeros_like(net.params)
+        gW, gb = views(grad, cube3)
+        mlp_backward_upper(net.Ws, ws.acts, ws.deltas, gW, gb, rows)
+        mlp_backward_first(ws.idx, ws.x, True, net.Ws, ws.deltas, gW, gb, rows, ws.panel)
+        results.append((q, grad))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(results[0][1], np.zeros_like(net.params))

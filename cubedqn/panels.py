@@ -1,0 +1,214 @@
+"""The sparse first layer's float32 kernels on column panels, written in LLVM IR.
+
+What this file is: two functions, compiled once per process for this CPU with llvmlite
+and bound at import as the external symbols `cubedqn_panel_gather` and
+`cubedqn_panel_scatter`, which nn.sparse_forward / sparse_backward call from njit
+(cached kernels call them by name, as with blas.py's sgemm):
+
+  gather   out (B,H) = b + sum_s W[idx[:, s]]  (then ReLU), for the columns [0, hp)
+  scatter  dW (in,H) = scatter-add of dout (B,H) rows at idx (B,S); db = column sums of
+           dout, for the columns [0, hp)
+
+hp is H rounded down to a multiple of PANEL (32) columns; nn.py does the rest. Both walk W
+one panel of PANEL columns at a time: the panel (in x 32 floats: 18 KB for the 2x2x2's
+144 sticker rows, 41 KB for the 3x3x3's 324) is first copied into a contiguous scratch
+buffer, then every batch row sums its S panel rows in vector registers (two batch rows
+at once: four 16-float accumulators) and stores its 32 outputs once. Why: the row-by-row
+numba kernel re-loads and re-stores each output element once per eight stickers and
+reads each W row from L2, and a panel of W read in place is in rows 1 KB or 4 KB apart,
+which map onto a few L1 sets and evict each other (column chunks without the copy ran
+slower, Design notes); the copied panel stays in L1. The scatter mirrors it: the panel of
+dW is accumulated in the scratch buffer and copied out when done, so every dW element is
+written once, zeros included (as sparse_backward writes all of dW).
+
+Summation order per output element: bias, then the stickers in index order, one add
+each: a row's result does not depend on the other rows of the batch (the target cache
+relies on that), and equals a plain sequential float32 sum.
+
+What it is not: float64 (gradient checks use nn.py's numba loops) or wide inputs (the
+slot pairs' 9,261-row W1 makes a panel too big for L1: nn.py keeps the row gather).
+The caller guarantees contiguous rows, idx within [0, in), and distinct buffers.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llb
+import llvmlite.ir as ir
+from numba import types
+
+PANEL = 32          # columns per panel
+LANES = 16          # floats per vector (two 256-bit registers where there is no AVX-512)
+ROWS = 2            # batch rows summed at once
+GATHER, SCATTER = "cubedqn_panel_gather", "cubedqn_panel_scatter"
+
+_f32p, _i32p, _i64 = types.CPointer(types.float32), types.CPointer(types.int32), types.int64
+# gather(out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in)
+GATHER_SIG = types.void(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _i64, _f32p, _i64)
+# scatter(dout, ldd, dW, ldw, idx, lds, n, s, hp, db, panel, n_in)
+SCATTER_SIG = types.void(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _f32p, _i64)
+gather_panels = types.ExternalFunction(GATHER, GATHER_SIG)
+scatter_panels = types.ExternalFunction(SCATTER, SCATTER_SIG)
+
+
+class _Builder:
+    """An IRBuilder with counted loops whose carried values are SSA phis (registers)."""
+
+    def __init__(self, fn):
+        self.b = ir.IRBuilder(fn.append_basic_block("entry"))
+        self.i64 = ir.IntType(64)
+        self.vec = ir.VectorType(ir.FloatType(), LANES)
+
+    def const(self, v):
+        return ir.Constant(self.i64, v)
+
+    def loop(self, start, stop, step, name, carried=()):
+        """Opens `for i in range(start, stop, step)`; returns (i, phis, close) where
+        close(new_values) ends the body and returns the carried values after the loop."""
+        b = self.b
+        pre = b.block
+        head, body, done = (b.append_basic_block(f"{name}.{x}") for x in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(self.i64, name)
+        i.add_incoming(start, pre)
+        phis = []
+        for k, init in enumerate(carried):
+            ph = b.phi(init.type, f"{name}.c{k}")
+            ph.add_incoming(init, pre)
+            phis.append(ph)
+        b.cbranch(b.icmp_signed("<=", b.add(i, self.const(step)), stop), body, done)
+        b.position_at_end(body)
+
+        def close(values=()):
+            end = b.block
+            i.add_incoming(b.add(i, self.const(step)), end)
+            for ph, v in zip(phis, values):
+                ph.add_incoming(v, end)
+            b.branch(head)
+            b.position_at_end(done)
+            return phis
+
+        return i, phis, close
+
+    def at(self, ptr, *terms):
+        """ptr + sum of terms (i64 values or ints), as a vector pointer."""
+        b = self.b
+        off = self.const(0)
+        for t in terms:
+            off = b.add(off, t if isinstance(t, ir.Value) else self.const(t))
+        return b.bitcast(b.gep(ptr, [off]), self.vec.as_pointer())
+
+    def vload(self, ptr, *terms):
+        return self.b.load(self.at(ptr, *terms), align=4)
+
+    def vstore(self, v, ptr, *terms):
+        self.b.store(v, self.at(ptr, *terms), align=4)
+
+
+def _copy_panel(B, src, ld_src, dst, ld_dst, n_in, c_src, c_dst):
+    """dst[r*ld_dst + c_dst + j] = src[r*ld_src + c_src + j] for r < n_in, j < PANEL."""
+    b = B.b
+    r, _, close = B.loop(B.const(0), n_in, 1, "copy")
+    for v in range(PANEL // LANES):
+        B.vstore(B.vload(src, b.mul(r, ld_src), c_src, v * LANES), dst, b.mul(r, ld_dst), c_dst, v * LANES)
+    close()
+
+
+def _build_gather(mod):
+    f32p, i32p = ir.FloatType().as_pointer(), ir.IntType(32).as_pointer()
+    i64 = ir.IntType(64)
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [f32p, i64, f32p, i64, i32p, i64, i64, i64, i64, f32p,
+                                                          i64, f32p, i64]), name=GATHER)
+    out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in = fn.args
+    for p in (out, W, idx, bias, panel):
+        p.add_attribute("noalias")
+    B = _Builder(fn)
+    b, nv = B.b, PANEL // LANES
+    zero = ir.Constant(B.vec, [0.0] * LANES)
+    relu_on = b.icmp_signed("!=", relu, B.const(0))
+    c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
+    _copy_panel(B, W, ldw, panel, B.const(PANEL), n_in, c, 0)
+    init = [B.vload(bias, c, v * LANES) for v in range(nv)]
+
+    def rows_from(start, rp):
+        """Batch rows [start, n) rp at a time (rows left over stay for the next call);
+        returns the row after the last one done."""
+        i, _, close_i = B.loop(start, n, rp, f"i{rp}")
+        k, accs, close_k = B.loop(B.const(0), s, 1, f"k{rp}", init * rp)
+        new = []
+        for r in range(rp):
+            row = b.sext(b.load(b.gep(idx, [b.add(b.mul(b.add(i, B.const(r)), lds), k)])), i64)
+            base = b.mul(row, B.const(PANEL))
+            new += [b.fadd(accs[r * nv + v], B.vload(panel, base, v * LANES)) for v in range(nv)]
+        sums = close_k(new)
+        for r in range(rp):
+            obase = b.mul(b.add(i, B.const(r)), ldo)
+            for v in range(nv):
+                a = sums[r * nv + v]
+                clipped = b.select(b.fcmp_ordered("<", a, zero), zero, a)
+                B.vstore(b.select(relu_on, clipped, a), out, obase, c, v * LANES)
+        close_i()
+        return i
+
+    rows_from(rows_from(B.const(0), ROWS), 1)
+    close_c()
+    b.ret_void()
+
+
+def _build_scatter(mod):
+    f32p, i32p = ir.FloatType().as_pointer(), ir.IntType(32).as_pointer()
+    i64 = ir.IntType(64)
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [f32p, i64, f32p, i64, i32p, i64, i64, i64, i64, f32p,
+                                                          f32p, i64]), name=SCATTER)
+    dout, ldd, dW, ldw, idx, lds, n, s, hp, db, panel, n_in = fn.args
+    for p in (dout, dW, idx, db, panel):
+        p.add_attribute("noalias")
+    B = _Builder(fn)
+    b, nv = B.b, PANEL // LANES
+    zero = ir.Constant(B.vec, [0.0] * LANES)
+    c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
+    r, _, close_r = B.loop(B.const(0), n_in, 1, "zero")
+    for v in range(nv):
+        B.vstore(zero, panel, b.mul(r, B.const(PANEL)), v * LANES)
+    close_r()
+    i, dbs, close_i = B.loop(B.const(0), n, 1, "i", [zero] * nv)
+    d = [B.vload(dout, b.mul(i, ldd), c, v * LANES) for v in range(nv)]
+    k, _, close_k = B.loop(B.const(0), s, 1, "k")
+    row = b.sext(b.load(b.gep(idx, [b.add(b.mul(i, lds), k)])), i64)
+    base = b.mul(row, B.const(PANEL))
+    for v in range(nv):
+        B.vstore(b.fadd(B.vload(panel, base, v * LANES), d[v]), panel, base, v * LANES)
+    close_k()
+    sums = close_i([b.fadd(dbs[v], d[v]) for v in range(nv)])
+    for v in range(nv):
+        B.vstore(sums[v], db, c, v * LANES)
+    _copy_panel(B, panel, B.const(PANEL), dW, ldw, n_in, 0, c)
+    close_c()
+    b.ret_void()
+
+
+def module_ir() -> str:
+    mod = ir.Module(name="cubedqn_panels")
+    _build_gather(mod)
+    _build_scatter(mod)
+    return str(mod)
+
+
+def _compile():
+    """Compile for this CPU; returns the engine (which owns the code) after binding both symbols."""
+    llb.initialize_native_target()
+    llb.initialize_native_asmprinter()
+    tm = llb.Target.from_default_triple().create_target_machine(
+        cpu=llb.get_host_cpu_name(), features=llb.get_host_cpu_features().flatten(), opt=3)
+    mod = llb.parse_assembly(module_ir())
+    mod.triple = tm.triple
+    mod.verify()
+    # no IR pass pipeline: the loops are already written as wanted, and it took ~50 of ~70 ms
+    engine = llb.create_mcjit_compiler(mod, tm)
+    engine.finalize_object()
+    for name in (GATHER, SCATTER):
+        llb.add_symbol(name, engine.get_function_address(name))
+    return engine
+
+
+_ENGINE = _compile()
