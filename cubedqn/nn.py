@@ -11,7 +11,9 @@ buffers; each GEMM is one BLAS call (`blas.gemm(a, b, out)` inside njit: numpy's
 OpenBLAS where it has one, else np.dot's, scipy's; see blas.py). The first layer
 has two interchangeable paths: dense (one-hot float input x W1, a GEMM) and sparse
 (sticker indices `6*sticker + colour`: forward gathers and sums rows of W1, backward
-scatter-adds into dW1). Sparse is the default.
+scatter-adds into dW1). Sparse is the default. For float32 inputs of at most
+PANEL_MAX_IN rows the sparse layer runs by column panels (panels.py, LLVM IR) when a
+batch is big enough to pay for copying W1 (use_panels); otherwise by rows (below).
 
 What it is not: the optimizer (`optim.py`) or anything that knows about replay or DQN.
 """
