@@ -247,12 +247,16 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def sparse_forward_panels(idx, W, b, out, relu, panel):
-    """sparse_forward by column panels (panels.py: float32, panel has in*PANEL floats);
-    columns it does not cover (float64, or H mod PANEL) are summed here the same way:
-    bias, then the stickers in order."""
+    """sparse_forward by column panels (panels.py: float32, panel has in*PANEL floats).
+    The last H mod PANEL columns are summed here the same way (bias, then the stickers in
+    order); when panels cover nothing (float64, a smaller scratch, H < PANEL), the row
+    kernel runs instead."""
     n, s = idx.shape
     h = W.shape[1]
     done = _panel_gather(idx, W, b, out, relu, panel)
+    if done == 0:
+        sparse_forward(idx, W, b, out, relu)
+        return
     for i in range(n):
         for j in range(done, h):
             v = b[j]
@@ -268,6 +272,9 @@ def sparse_backward_panels(idx, dout, dW, db, panel):
     n, s = idx.shape
     h = dout.shape[1]
     done = _panel_scatter(idx, dout, dW, db, panel)
+    if done == 0:
+        sparse_backward(idx, dout, dW, db)
+        return
     if done == h:
         return
     dW[:, done:] = 0

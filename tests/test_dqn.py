@@ -457,3 +457,34 @@ def test_ctrl_c_stops_between_steps_and_resumes_exactly(tmp_path):
     tr.save(tmp_path / "run")
     resumed = Trainer.load(tmp_path / "run").run()
     assert np.array_equal(resumed.learner.online.params, straight.learner.online.params)
+
+
+def test_float32_learner_first_layer_by_panels_agrees_with_row_gather_and_lomo():
+    """At batch 64 a float32 sticker network runs its first layer by panels (forward,
+    backward and LOMO's backward); three steps agree with the same learner using the row
+    gather, and LOMO with the full step."""
+    from cubedqn.nn import use_panels
+    layout = Layout(144, 24, (64,), 12)
+    moves = np.ascontiguousarray(P2.moves[:12])
+
+    def make(**kw):
+        return Learner(layout, moves, 64, Encoder(P2, 12, canonical=True), dtype=np.float32, seed=3,
+                       optimizer="momentum", lr=0.05, clip="layer", max_grad_norm=0.5, **kw)
+
+    panels, rows, lomo = make(), make(), make(lomo=True)
+    assert use_panels(panels.ws.panel, 64, 24, 144) and use_panels(lomo.ws.panel, 64, 24, 144)
+    rows.ws.panel = rows.ws_t.panel = np.zeros(0, np.float32)
+    b = Batch(64, 24, np.float32)
+    for k in range(3):
+        rng = np.random.default_rng(k)
+        b.states[:] = rng.integers(0, 6, (64, 24))
+        b.next_states[:] = rng.integers(0, 6, (64, 24))
+        b.actions[:] = rng.integers(0, 12, 64)
+        b.rewards[:] = -1
+        b.dones[:] = rng.integers(0, 2, 64)
+        b.discounts[:] = 0.9
+        losses = [lr.train_step(b) for lr in (panels, rows, lomo)]
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5) and losses[0] == pytest.approx(losses[2], rel=1e-5)
+    assert not np.array_equal(panels.online.params, panels.target.params)  # the steps moved the weights
+    np.testing.assert_allclose(panels.online.params, rows.online.params, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(panels.online.params, lomo.online.params, rtol=1e-4, atol=1e-6)
