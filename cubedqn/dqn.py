@@ -145,7 +145,7 @@ class Trainer:
     def env_iteration(self):
         clock, timer, env = time.perf_counter, self.timer, self.env
         t0 = clock()
-        self.encoder.encode(env.states, self.act_ws, 0, self.act_rot)
+        self.encoder.encode(env.states, self.act_ws, 0, self.act_rot, want_codes=False)
         qc = self.learner.online.forward_ws(self.act_ws, env.n)
         q_to_world(qc, self.act_rot, self.encoder.act_map, self.act_q)
         select_actions(self.act_q, self.epsilon(), self.rng, env.actions)

@@ -29,14 +29,17 @@ from .cube import conjugate_states, encode_index, encode_onehot, symmetries
 
 
 @njit(cache=True, nogil=True)
-def find_rotations(states, rotations, fac, colours, rot_out):
-    """rot_out[i] = index of the rotation that brings the DBL cubie home (0 if none does)."""
+def find_rotations(states, home_facelets, colours, rot_out):
+    """rot_out[i] = index of the first rotation that brings the DBL cubie home (0 if none
+    does). home_facelets (R, 3): the facelets rotation r moves into the DBL slot (a flat
+    table, rotations[r][fac], so each test is one load: 2.3 against 13.5 us for 64 states
+    when read through each rotation's permutation, one-off, same results)."""
+    c0, c1, c2 = colours[0], colours[1], colours[2]
     for i in range(states.shape[0]):
+        st = states[i]
         rot_out[i] = 0
-        for r in range(rotations.shape[0]):
-            rot = rotations[r]
-            if (states[i, rot[fac[0]]] == colours[0] and states[i, rot[fac[1]]] == colours[1]
-                    and states[i, rot[fac[2]]] == colours[2]):
+        for r in range(home_facelets.shape[0]):
+            if st[home_facelets[r, 0]] == c0 and st[home_facelets[r, 1]] == c1 and st[home_facelets[r, 2]] == c2:
                 rot_out[i] = r
                 break
 
@@ -377,6 +380,7 @@ class Encoder:
         self._identity_cmap = np.arange(6, dtype=np.uint8)
         self.search_rotations = self.rotations if self.canonical else \
             np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
+        self.home_facelets = np.ascontiguousarray(self.search_rotations[:, self.fac])
         # children worth scoring in all-actions targets (all of them unless canonical)
         self.child_reps, self.child_rep_of = child_representatives(puzzle, n_actions) if self.canonical \
             else (np.arange(n_actions), np.arange(n_actions))
@@ -391,7 +395,7 @@ class Encoder:
     def frames(self, states, frame, codes):
         """frame (n,): the frame each state is encoded in (0 when not canonical); codes (n, 8):
         its corner codes (3*cubie + twist per slot) in that frame (2x2x2 only)."""
-        find_rotations(states, self.search_rotations, self.fac, self.colours, frame)
+        find_rotations(states, self.home_facelets, self.colours, frame)
         choose_frame(states, self.search_rotations, self._identity_cmap, self.corner_facelets,
                      self.corner_lookup, self.n_view, self.xcubie, self.rot_of, self.src_slot, self.code_map,
                      self.n_rr, self.n_sym, self._base, self._where, codes, frame)
@@ -409,17 +413,26 @@ class Encoder:
         self.frames(states, np.zeros(n, np.int64), codes)
         return codes.astype(np.uint8)
 
-    def encode(self, states, ws, row0=0, rot=None):
+    def encode(self, states, ws, row0=0, rot=None, want_codes=True):
         """Write the input rows [row0, row0+n) of workspace ws; fills rot (n,) with the frames.
 
         Returns the states' corner codes in their frames (n, 8), which identify the input
-        exactly (a view of scratch, valid until the next call), or None when not framed."""
+        exactly (a view of scratch, valid until the next call), or None when not framed.
+        With want_codes=False it may return None instead: sticker inputs in the one frame
+        per rotation need only the rotation, not the codes (64 states: 5.0 us, 11.0 with them)."""
         n = len(states)
         if not self.framed:
             if self.sparse:
                 encode_index(states, ws.idx[row0:row0 + n])
             else:
                 encode_onehot(states, ws.x[row0:row0 + n])
+            return None
+        if not want_codes and self.n_view == 1 and self.inputs == "stickers":
+            find_rotations(states, self.home_facelets, self.colours, rot)  # frame = rotation
+            if self.sparse:
+                encode_index_framed(states, self.frame_perm, self.frame_cmap, rot, ws.idx[row0:row0 + n])
+            else:
+                encode_onehot_framed(states, self.frame_perm, self.frame_cmap, rot, ws.x[row0:row0 + n])
             return None
         if len(self._codes) < n:
             self._codes = np.zeros((n, 8), np.int64)
@@ -488,7 +501,7 @@ class Policy:
         for start in range(0, n, rows):
             part = states[start:start + rows]
             k = len(part)
-            self.encoder.encode(part, ws, 0, rot[:k])
+            self.encoder.encode(part, ws, 0, rot[:k], want_codes=False)
             qc = self.net.forward_ws(ws, k)
             if self.encoder.canonical:
                 q_to_world(qc, rot[:k], self.encoder.act_map, out[start:start + k])

@@ -334,7 +334,7 @@ class Learner:
         # kernel below run the one compiled C-layout version that acting also uses
         states = self.states_c
         np.copyto(states, batch.states[sl])
-        enc.encode(states, ws, 0, self.rot)
+        enc.encode(states, ws, 0, self.rot, want_codes=False)
         if self.targets == "all-actions":
             expand_children(states, self.rep_moves, self.n_rep, self.children)
             kids = self.children.reshape(m * self.n_rep, -1)
@@ -354,7 +354,7 @@ class Learner:
         else:
             nxt = self.next_c
             np.copyto(nxt, batch.next_states[sl])
-            enc.encode(nxt, wt, 0, self.rot_scratch[:m])
+            enc.encode(nxt, wt, 0, self.rot_scratch[:m], want_codes=False)
             if self.targets == "double":  # the online net's rows m..2m are the same inputs
                 ws.idx[m:2 * m] = wt.idx[:m]
                 ws.x[m:2 * m] = wt.x[:m]

@@ -31,7 +31,7 @@ def test_canonical_form_puts_dbl_home_and_is_orientation_free(tmp_path, monkeypa
     s = apply_moves(P2, P2.solved, rng.integers(0, 12, 20))
     variants = np.ascontiguousarray(s[P2.rotations])  # the same position in 24 orientations
     rot = np.empty(24, np.int64)
-    find_rotations(variants, enc.rotations, enc.fac, enc.colours, rot)
+    find_rotations(variants, enc.home_facelets, enc.colours, rot)
     canon = np.array([variants[i][P2.rotations[rot[i]]] for i in range(24)])
     assert len({c.tobytes() for c in canon}) == 1
     assert np.array_equal(canon[0][P2.corner_facelets[6]], P2.corner_colours[6])
@@ -193,3 +193,29 @@ def test_position_keys_identify_exactly_the_positions_the_encoder_identifies(inp
     cube3 = get_puzzle("cube3")
     s3 = np.stack([cube3.solved, apply_moves(cube3, cube3.solved, [0])])
     assert np.array_equal(Encoder(cube3, 12).position_keys(s3), s3)  # no symmetry: the stickers
+
+
+@pytest.mark.parametrize("inputs,symmetry,sparse", [("stickers", 1, True), ("stickers", 1, False),
+                                                    ("stickers", 48, True), ("pairs", 1, True)])
+def test_encode_without_codes_writes_the_same_inputs_and_frames(inputs, symmetry, sparse):
+    """want_codes=False (the training and acting path) skips the corner codes only where
+    the input does not need them; inputs and frames are those of the full encode, and
+    find_rotations agrees with reading each rotation's permutation."""
+    from cubedqn.nn import Workspace
+    enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry, sparse=sparse)
+    rng = np.random.default_rng(4)
+    states = np.ascontiguousarray(np.stack([apply_moves(P2, P2.solved, rng.integers(0, 12, 25))[P2.rotations[r]]
+                                            for r in rng.integers(0, 24, 40)]))
+    layout = Layout(enc.in_dim, enc.n_active, (4,), 12)
+    full, lean = (Workspace(layout, 40, dense_input=not sparse) for _ in range(2))
+    rot_full, rot_lean = np.zeros(40, np.int64), np.zeros(40, np.int64)
+    codes = enc.encode(states, full, 0, rot_full)
+    got = enc.encode(states, lean, 0, rot_lean, want_codes=False)
+    np.testing.assert_array_equal(rot_full, rot_lean)
+    np.testing.assert_array_equal(full.idx, lean.idx)
+    np.testing.assert_array_equal(full.x, lean.x)
+    assert codes is not None and (got is None) == (inputs == "stickers" and symmetry == 1)
+    by_permutation = [next(r for r in range(24) if np.array_equal(s[P2.rotations[r]][enc.fac], enc.colours))
+                      for s in states]
+    find_rotations(states, enc.home_facelets, enc.colours, rot_lean)
+    np.testing.assert_array_equal(rot_lean, by_permutation)
