@@ -35,7 +35,7 @@ from .cube import expand_children, solved_batch
 from .encoding import Encoder, actions_to_canonical, rows_to_canonical
 from .nn import (LOSSES, MLP, Layout, dense_backward, dueling_backward, loss_full, loss_taken,
                  mlp_backward_first, mlp_backward_upper, sparse_backward, sparse_backward_panels,
-                 sparse_backward_rows, use_panels, views)
+                 sparse_backward_rows, views)
 from .optim import Optimizer, add_into, polyak_update
 
 TARGETS = ("dqn", "double", "all-actions")
@@ -423,7 +423,7 @@ class Learner:
                 # dx uses this layer's weights before they are updated.
                 dense_backward(ws.acts[l - 1][:rows], ws.deltas[l][:rows], on.Ws[l], dW, db,
                                ws.deltas[l - 1][:rows], True)
-            elif on.sparse and use_panels(ws.panel, rows, ws.idx.shape[1], fi):
+            elif on.sparse and ws.panel.shape[0] > 0:
                 sparse_backward_panels(ws.idx[:rows], ws.deltas[0][:rows], dW, db, ws.panel)
             elif on.sparse:
                 sparse_backward(ws.idx[:rows], ws.deltas[0][:rows], dW, db)

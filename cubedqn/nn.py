@@ -13,7 +13,7 @@ has two interchangeable paths: dense (one-hot float input x W1, a GEMM) and spar
 (sticker indices `6*sticker + colour`: forward gathers and sums rows of W1, backward
 scatter-adds into dW1). Sparse is the default. For float32 inputs of at most
 PANEL_MAX_IN rows the sparse layer runs by column panels (panels.py, LLVM IR) when a
-batch is big enough to pay for copying W1 (use_panels); otherwise by rows (below).
+workspace is big enough to pay for copying W1 (Workspace); otherwise by rows (below).
 
 What it is not: the optimizer (`optim.py`) or anything that knows about replay or DQN.
 """
@@ -128,9 +128,14 @@ class Workspace:
         self.deltas = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
         self.idx = np.zeros((rows, layout.n_active), np.int32)
         # scratch for one column panel of W1 (panels.py): float32 sparse inputs narrow enough
-        # for a panel to sit in L1 (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs)
+        # for a panel to sit in L1 (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs).
+        # The panels copy all of W1 once per call, so only for workspaces whose rows gather
+        # at least 8x as many W1 rows as it has (about where they broke even, forward and
+        # backward, at 144 x 256 and 324 x 1024). Decided per workspace, not per call, so
+        # that a row's Q-values do not depend on how many rows go with it (the target cache
+        # and chunked policies rely on that, bitwise).
         panel = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
-                 and layout.widths[1] % panels.PANEL == 0)
+                 and layout.widths[1] % panels.PANEL == 0 and rows * layout.n_active >= 8 * layout.in_dim)
         self.panel = np.zeros(layout.in_dim * panels.PANEL if panel else 0, dtype)
         self.x = np.zeros((rows, layout.in_dim), dtype) if dense_input else np.zeros((rows, 0), dtype)
         self.q = np.zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
@@ -385,14 +390,6 @@ def dueling_backward(dq, dhead):
         dhead[i, a] = s
 
 
-@njit(cache=True, nogil=True)
-def use_panels(panel, rows, n_active, n_in):
-    """The panel kernels copy all of W1 once per call: with a scratch, and only when the
-    rows gather at least 8x as many W1 rows as it has (about where they broke even,
-    forward and backward, at 144 x 256 and 324 x 1024)."""
-    return panel.shape[0] > 0 and rows * n_active >= 8 * n_in
-
-
 # ---------------------------------------------------------------------------------------
 # Whole-network kernels, each direction in two calls (the first layer, then layers 1..L-1)
 # so that a profile can time them apart; Ws/bs/acts/deltas are tuples of views
@@ -400,9 +397,9 @@ def use_panels(panel, rows, n_active, n_in):
 @njit(cache=True, nogil=True, error_model="numpy")
 def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel):
     """Layer 0 over the first `rows` rows: idx (B,S) if sparse else x (B,in) -> acts[0].
-    panel: the workspace's panel scratch (see use_panels); empty: the row gather."""
+    panel: the workspace's panel scratch (see Workspace); empty: the row gather."""
     L = len(Ws)
-    if sparse and use_panels(panel, rows, idx.shape[1], Ws[0].shape[0]):
+    if sparse and panel.shape[0] > 0:
         sparse_forward_panels(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1, panel)
     elif sparse:
         sparse_forward(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
@@ -432,7 +429,7 @@ def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
 @njit(cache=True, nogil=True, error_model="numpy")
 def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows, panel):
     """Layer 0's gradient from deltas[0] (dLoss/d its output, first `rows` rows)."""
-    if sparse and use_panels(panel, rows, idx.shape[1], Ws[0].shape[0]):
+    if sparse and panel.shape[0] > 0:
         sparse_backward_panels(idx[:rows], deltas[0][:rows], dWs[0], dbs[0], panel)
     elif sparse:
         sparse_backward(idx[:rows], deltas[0][:rows], dWs[0], dbs[0])

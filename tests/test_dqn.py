@@ -463,7 +463,6 @@ def test_float32_learner_first_layer_by_panels_agrees_with_row_gather_and_lomo()
     """At batch 64 a float32 sticker network runs its first layer by panels (forward,
     backward and LOMO's backward); three steps agree with the same learner using the row
     gather, and LOMO with the full step."""
-    from cubedqn.nn import use_panels
     layout = Layout(144, 24, (64,), 12)
     moves = np.ascontiguousarray(P2.moves[:12])
 
@@ -472,7 +471,7 @@ def test_float32_learner_first_layer_by_panels_agrees_with_row_gather_and_lomo()
                        optimizer="momentum", lr=0.05, clip="layer", max_grad_norm=0.5, **kw)
 
     panels, rows, lomo = make(), make(), make(lomo=True)
-    assert use_panels(panels.ws.panel, 64, 24, 144) and use_panels(lomo.ws.panel, 64, 24, 144)
+    assert panels.ws.panel.size and panels.ws_t.panel.size and lomo.ws.panel.size
     rows.ws.panel = rows.ws_t.panel = np.zeros(0, np.float32)
     b = Batch(64, 24, np.float32)
     for k in range(3):

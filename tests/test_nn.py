@@ -365,17 +365,15 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
 def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
     """float32 workspaces of narrow sparse inputs get a panel scratch (not float64, dense
     or slot-pair inputs); a step's forward and gradients with and without it agree."""
-    from cubedqn.nn import Workspace, mlp_backward_first, mlp_backward_upper, use_panels
+    from cubedqn.nn import Workspace, mlp_backward_first, mlp_backward_upper
     from cubedqn.panels import PANEL
     cube3 = Layout(in_dim=324, n_active=54, hidden=(64, 32), n_actions=12)
-    assert Workspace(cube3, 8).panel.size == 324 * PANEL
-    assert Workspace(cube3, 8, np.float64).panel.size == 0
-    assert Workspace(cube3, 8, dense_input=True).panel.size == 0
-    assert Workspace(Layout(9261, 28, (256,), 12), 8).panel.size == 0
-    assert Workspace(Layout(324, 54, (100,), 12), 8).panel.size == 0   # not a multiple of PANEL
-    panel = np.zeros(324 * PANEL, np.float32)
-    assert use_panels(panel, 48, 54, 324) and not use_panels(panel, 47, 54, 324)
-    assert not use_panels(np.zeros(0, np.float32), 1000, 54, 324)
+    assert Workspace(cube3, 48).panel.size == 324 * PANEL
+    assert Workspace(cube3, 47).panel.size == 0      # too few rows to pay for copying W1
+    assert Workspace(cube3, 48, np.float64).panel.size == 0
+    assert Workspace(cube3, 48, dense_input=True).panel.size == 0
+    assert Workspace(Layout(9261, 28, (256,), 12), 4096).panel.size == 0
+    assert Workspace(Layout(324, 54, (100,), 12), 48).panel.size == 0   # not a multiple of PANEL
     net = MLP(cube3, seed=2)
     rng = np.random.default_rng(3)
     rows = 64
@@ -395,5 +393,9 @@ def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
         mlp_backward_first(ws.idx, ws.x, True, net.Ws, ws.deltas, gW, gb, rows, ws.panel)
         results.append((q, grad))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    ws = net.workspace(rows)
+    ws.idx[:] = idx
+    few = net.forward_ws(ws, 5).copy()  # a few rows through the same workspace: the same bits
+    np.testing.assert_array_equal(few, results[0][0][:5])
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
     assert not np.array_equal(results[0][1], np.zeros_like(net.params))
