@@ -33,7 +33,7 @@ from .blas import gemm
 HUBER, MSE = 0, 1
 PANEL_MAX_IN = 384  # widest W1 (input rows) the panel kernels take: a 48 KB panel
 # CUBEDQN_PANELS=0 keeps the row gather everywhere (for side-by-side timings)
-PANELS = os.environ.get("CUBEDQN_PANELS", "1").strip() != "0"
+PANELS = os.environ.get("CUBEDQN_PANELS", "1").strip() != "0" and panels.AVAILABLE
 LOSSES = {"huber": HUBER, "mse": MSE}
 
 

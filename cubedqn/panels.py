@@ -25,6 +25,10 @@ Summation order per output element: bias, then the stickers in index order, one 
 each: a row's result does not depend on the other rows of the batch (the target cache
 relies on that), and equals a plain sequential float32 sum.
 
+Where LLVM cannot compile the IR for this CPU, the symbols are bound to plain Numba loops
+with the same arithmetic (`_make_fallbacks`, also the tests' second opinion) and
+AVAILABLE is False, so nn.py hands out no panel scratch and keeps its row kernels.
+
 What it is not: float64 (gradient checks use nn.py's numba loops) or wide inputs (the
 slot pairs' 9,261-row W1 makes a panel too big for L1: nn.py keeps the row gather).
 The caller guarantees contiguous rows, idx within [0, in), and distinct buffers.
@@ -194,6 +198,46 @@ def module_ir() -> str:
     return str(mod)
 
 
+def _make_fallbacks():
+    """Plain Numba versions of both functions (same arithmetic, same order, no registers
+    kept across stickers): bound instead when the IR cannot be compiled here, and the
+    tests' second opinion on the IR. Compiled (and cached) only when used."""
+    from numba import carray, cfunc
+
+    @cfunc(GATHER_SIG, cache=True, nopython=True)
+    def gather_loops(out_p, ldo, w_p, ldw, idx_p, lds, n, s, hp, bias_p, relu, panel_p, n_in):
+        out = carray(out_p, (n - 1) * ldo + hp if n > 0 else 0)
+        w = carray(w_p, (n_in - 1) * ldw + hp)
+        idx = carray(idx_p, (n - 1) * lds + s if n > 0 else 0)
+        bias = carray(bias_p, hp)
+        for i in range(n):
+            for j in range(hp):
+                v = bias[j]
+                for k in range(s):
+                    v += w[idx[i * lds + k] * ldw + j]
+                out[i * ldo + j] = 0 if (relu != 0 and v < 0) else v
+
+    @cfunc(SCATTER_SIG, cache=True, nopython=True)
+    def scatter_loops(dout_p, ldd, dw_p, ldw, idx_p, lds, n, s, hp, db_p, panel_p, n_in):
+        dout = carray(dout_p, (n - 1) * ldd + hp if n > 0 else 0)
+        dw = carray(dw_p, (n_in - 1) * ldw + hp)
+        idx = carray(idx_p, (n - 1) * lds + s if n > 0 else 0)
+        db = carray(db_p, hp)
+        for r in range(n_in):
+            for j in range(hp):
+                dw[r * ldw + j] = 0
+        for j in range(hp):
+            db[j] = 0
+        for i in range(n):
+            for j in range(hp):
+                d = dout[i * ldd + j]
+                db[j] += d
+                for k in range(s):
+                    dw[idx[i * lds + k] * ldw + j] += d
+
+    return gather_loops, scatter_loops
+
+
 def _compile():
     """Compile for this CPU; returns the engine (which owns the code) after binding both symbols."""
     llb.initialize_native_target()
@@ -211,4 +255,20 @@ def _compile():
     return engine
 
 
-_ENGINE = _compile()
+def _bind():
+    """(engine or None, problem): the IR when it compiles, else the loops above."""
+    global _FALLBACKS
+    try:
+        return _compile(), None
+    except Exception as e:  # an LLVM that cannot target this CPU: stay correct, be slow
+        _FALLBACKS = _make_fallbacks()
+        for name, fn in zip((GATHER, SCATTER), _FALLBACKS):
+            llb.add_symbol(name, fn.address)
+        return None, f"{type(e).__name__}: {e}"
+
+
+_FALLBACKS = ()
+
+
+_ENGINE, PROBLEM = _bind()
+AVAILABLE = _ENGINE is not None  # nn.Workspace gives out panel scratch only then

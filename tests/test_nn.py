@@ -399,3 +399,69 @@ def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
     np.testing.assert_array_equal(few, results[0][0][:5])
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
     assert not np.array_equal(results[0][1], np.zeros_like(net.params))
+
+
+def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
+    """panels.py binds plain Numba loops instead of the IR where LLVM cannot compile it;
+    both compute the same sums in the same order. Called here through their addresses."""
+    import ctypes
+
+    from cubedqn import panels
+    assert panels.AVAILABLE, panels.PROBLEM
+    gather_loops, scatter_loops = panels._make_fallbacks()
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    gproto = ctypes.CFUNCTYPE(None, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64)
+    sproto = ctypes.CFUNCTYPE(None, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64)
+    import llvmlite.binding as llb
+    ir_gather = gproto(llb.address_of_symbol(panels.GATHER))
+    ir_scatter = sproto(llb.address_of_symbol(panels.SCATTER))
+    rng = np.random.default_rng(11)
+    n_in, s, h, rows = 60, 10, 64, 9
+    W = rng.standard_normal((n_in, h)).astype(np.float32)
+    b = rng.standard_normal(h).astype(np.float32)
+    idx = (np.arange(s)[None, :] * 6 + rng.integers(0, 6, (rows, s))).astype(np.int32)
+    dout = rng.standard_normal((rows, h)).astype(np.float32)
+    panel = np.zeros(n_in * panels.PANEL, np.float32)
+    outs, grads = [], []
+    for g, sc in ((ir_gather, ir_scatter), (gproto(gather_loops.address), sproto(scatter_loops.address))):
+        out = np.full((rows, h), np.nan, np.float32)
+        g(out.ctypes.data, h, W.ctypes.data, h, idx.ctypes.data, s, rows, s, h, b.ctypes.data, 1, panel.ctypes.data, n_in)
+        dW, db = np.full((n_in, h), np.nan, np.float32), np.full(h, np.nan, np.float32)
+        sc(dout.ctypes.data, h, dW.ctypes.data, h, idx.ctypes.data, s, rows, s, h, db.ctypes.data, panel.ctypes.data, n_in)
+        outs.append(out)
+        grads.append((dW, db))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(grads[0][0], grads[1][0])
+    np.testing.assert_array_equal(grads[0][1], grads[1][1])
+    np.testing.assert_array_equal(outs[0], sequential_gather(idx, W, b, True))
+
+
+def test_panels_fall_back_to_plain_loops_when_the_ir_does_not_compile():
+    """If LLVM cannot compile the IR, the symbols are bound to the plain loops (correct,
+    slow) and workspaces get no panel scratch. A fresh process, so the binding is new."""
+    import subprocess
+    import sys
+    code = """
+import numpy as np
+import cubedqn.panels as p
+def fail():
+    raise RuntimeError("no target")
+p._compile = fail
+engine, problem = p._bind()
+assert engine is None and problem == "RuntimeError: no target", problem
+import llvmlite.binding as llb
+assert llb.address_of_symbol(p.GATHER) == p._FALLBACKS[0].address
+from cubedqn.nn import sparse_forward_panels
+rng = np.random.default_rng(0)
+W = rng.standard_normal((30, 64)).astype(np.float32); b = rng.standard_normal(64).astype(np.float32)
+idx = (np.arange(5)[None, :] * 6 + rng.integers(0, 6, (7, 5))).astype(np.int32)
+out = np.zeros((7, 64), np.float32)
+sparse_forward_panels(idx, W, b, out, False, np.zeros(30 * p.PANEL, np.float32))
+want = b.copy()[None].repeat(7, 0)
+for k in range(5):
+    want += W[idx[:, k]]
+assert np.array_equal(out, want)
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
