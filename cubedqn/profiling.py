@@ -141,7 +141,16 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
                          "optimizer_state": int(trainer.learner.opt.nbytes),
                          "replay_buffer": int(rep.nbytes), "replay_per_transition": int(rep.nbytes_per_transition)},
         "blas": blas_info(),
+        "first_layer": "cuda" if device == "cuda" else first_layer_kernel(learner.online, learner.ws),
     }
+
+
+def first_layer_kernel(net, ws) -> str:
+    """Which first-layer kernel a CPU workspace runs: "panels" (panels.py), "rows" (the
+    row gather) or "dense" (a GEMM on one-hot rows)."""
+    if not net.sparse:
+        return "dense"
+    return "panels" if ws.panel.size else "rows"
 
 
 def format_report(r: dict) -> str:
@@ -176,4 +185,7 @@ def format_report(r: dict) -> str:
     b = r["blas"]
     lines.append(f"BLAS: {b['library']} {b['version']} ({b.get('source', 'scipy')}'s) kernel {b['kernel']}, "
                  f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
+    if r.get("first_layer"):
+        lines.append(f"first layer: {r['first_layer']} (panels: column panels in LLVM IR, see cubedqn/panels.py; "
+                     f"rows: the row gather)")
     return "\n".join(lines)

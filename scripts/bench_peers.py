@@ -62,7 +62,9 @@ def cubedqn_step(layout, puzzle, batch, sparse=True):
     enc = Encoder(puzzle, 12, canonical=False, sparse=sparse)
     lr = Learner(layout, moves, len(batch.actions), enc, targets="double", gamma=GAMMA, optimizer="momentum",
                  lr=LR, momentum=MU, max_grad_norm=CLIP, sparse=sparse, target_update_interval=10 ** 9)
-    return lambda: lr.train_step(batch)
+    step = lambda: lr.train_step(batch)  # noqa: E731
+    step.learner = lr
+    return step
 
 
 def numpy_step(layout, puzzle, batch):
@@ -279,8 +281,11 @@ def main():
         inner = max(1, args.inner // (4 if shape == "cube3" else 1))
         med = bench(impls, args.reps, inner)
         flops = 3 * layout.flops_forward(bsz, sparse=False) + layout.flops_backward(bsz, sparse=False)
+        from cubedqn.profiling import first_layer_kernel
+        lr = impls["cubedqn"].learner
         print(f"\n{layout.describe()}  batch {bsz}  (Double DQN, Huber, clipped momentum; medians of "
-              f"{args.reps} x {inner} steps, 1 thread)")
+              f"{args.reps} x {inner} steps, 1 thread; cubedqn's first layer: "
+              f"{first_layer_kernel(lr.online, lr.ws)})")
         print(f"{'implementation':<16s} {'ms/step':>9s} {'steps/min':>10s} {'dense GFLOP/s':>14s} {'vs cubedqn':>11s}")
         base = med["cubedqn"]
         for name, t in med.items():

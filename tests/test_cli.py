@@ -196,6 +196,16 @@ def test_profile_json_contract():
     text = run(["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--steps", "5",
                 "--warmup", "2"]).output
     assert "GEMM layers alone" in text and "  encode" in text
+    assert d["first_layer"] == "rows" and "first layer: rows" in text  # 16 wide: no panels
+
+
+def test_profile_names_the_first_layer_kernel():
+    from cubedqn.nn import MLP, Layout
+    from cubedqn.profiling import first_layer_kernel
+    layout = Layout(324, 54, (64,), 12)
+    assert first_layer_kernel(MLP(layout), MLP(layout).workspace(48)) == "panels"
+    assert first_layer_kernel(MLP(layout), MLP(layout).workspace(8)) == "rows"
+    assert first_layer_kernel(MLP(layout, sparse=False), MLP(layout, sparse=False).workspace(48)) == "dense"
 
 
 def test_thread_limit_reaches_numbas_blas():
