@@ -225,11 +225,12 @@ def _panel_gather_overload(idx, W, b, out, relu, panel):
         n, s = idx.shape
         n_in, h = W.shape
         hp = h // panels.PANEL * panels.PANEL
-        if hp == 0 or panel.shape[0] < n_in * panels.PANEL or b.strides[0] != 4 or not (_rows_fit(idx) and _rows_fit(W) and _rows_fit(out)):
+        fits = b.strides[0] == 4 and _rows_fit(idx) and _rows_fit(W) and _rows_fit(out)
+        if hp == 0 or panel.shape[0] < n_in * panels.PANEL or not fits:
             return 0
-        panels.gather_panels(out.ctypes, out.strides[0] // 4, W.ctypes, W.strides[0] // 4, idx.ctypes,
-                             idx.strides[0] // 4, n, s, hp, b.ctypes, 1 if relu else 0, panel.ctypes, n_in)
-        return hp
+        return panels.gather_panels(out.ctypes, out.strides[0] // 4, W.ctypes, W.strides[0] // 4, idx.ctypes,
+                                    idx.strides[0] // 4, n, s, hp, b.ctypes, 1 if relu else 0, panel.ctypes, n_in,
+                                    panels.PANEL)
     return run
 
 
@@ -242,11 +243,11 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
         n, s = idx.shape
         n_in, h = dW.shape
         hp = h // panels.PANEL * panels.PANEL
-        if hp == 0 or panel.shape[0] < n_in * panels.PANEL or db.strides[0] != 4 or not (_rows_fit(idx) and _rows_fit(dout) and _rows_fit(dW)):
+        fits = db.strides[0] == 4 and _rows_fit(idx) and _rows_fit(dout) and _rows_fit(dW)
+        if hp == 0 or panel.shape[0] < n_in * panels.PANEL or not fits:
             return 0
-        panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4, idx.ctypes,
-                              idx.strides[0] // 4, n, s, hp, db.ctypes, panel.ctypes, n_in)
-        return hp
+        return panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4, idx.ctypes,
+                                     idx.strides[0] // 4, n, s, hp, db.ctypes, panel.ctypes, n_in, panels.PANEL)
     return run
 
 

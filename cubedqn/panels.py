@@ -2,8 +2,8 @@
 
 What this file is: two functions, compiled once per process for this CPU with llvmlite
 and bound at import as the external symbols `cubedqn_panel_gather` and
-`cubedqn_panel_scatter`, which nn.sparse_forward / sparse_backward call from njit
-(cached kernels call them by name, as with blas.py's sgemm):
+`cubedqn_panel_scatter`, which nn.sparse_forward_panels / sparse_backward_panels call
+from njit (cached kernels call them by name, as with blas.py's sgemm):
 
   gather   out (B,H) = b + sum_s W[idx[:, s]]  (then ReLU), for the columns [0, hp)
   scatter  dW (in,H) = scatter-add of dout (B,H) rows at idx (B,S); db = column sums of
@@ -46,10 +46,14 @@ ROWS = 2            # batch rows summed at once
 GATHER, SCATTER = "cubedqn_panel_gather", "cubedqn_panel_scatter"
 
 _f32p, _i32p, _i64 = types.CPointer(types.float32), types.CPointer(types.int32), types.int64
-# gather(out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in)
-GATHER_SIG = types.void(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _i64, _f32p, _i64)
-# scatter(dout, ldd, dW, ldw, idx, lds, n, s, hp, db, panel, n_in)
-SCATTER_SIG = types.void(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _f32p, _i64)
+# Both return the columns done: hp, or 0 (nothing touched) when `width`, the panel width
+# the caller was compiled with, is not PANEL. A cached caller keeps the PANEL it was
+# compiled with (numba does not see a change in another module), so a mismatch must not
+# run with the wrong scratch size: the caller then falls back to its row kernels.
+# gather(out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in, width)
+GATHER_SIG = types.int64(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _i64, _f32p, _i64, _i64)
+# scatter(dout, ldd, dW, ldw, idx, lds, n, s, hp, db, panel, n_in, width)
+SCATTER_SIG = types.int64(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _f32p, _i64, _i64)
 gather_panels = types.ExternalFunction(GATHER, GATHER_SIG)
 scatter_panels = types.ExternalFunction(SCATTER, SCATTER_SIG)
 
@@ -118,16 +122,26 @@ def _copy_panel(B, src, ld_src, dst, ld_dst, n_in, c_src, c_dst):
     close()
 
 
+def _return_unless_width(B, fn, width):
+    """Return 0 at once unless the caller's panel width is PANEL."""
+    ok, mismatch = fn.append_basic_block("width.ok"), fn.append_basic_block("width.mismatch")
+    B.b.cbranch(B.b.icmp_signed("==", width, B.const(PANEL)), ok, mismatch)
+    B.b.position_at_end(mismatch)
+    B.b.ret(B.const(0))
+    B.b.position_at_end(ok)
+
+
 def _build_gather(mod):
     f32p, i32p = ir.FloatType().as_pointer(), ir.IntType(32).as_pointer()
     i64 = ir.IntType(64)
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [f32p, i64, f32p, i64, i32p, i64, i64, i64, i64, f32p,
-                                                          i64, f32p, i64]), name=GATHER)
-    out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in = fn.args
+    fn = ir.Function(mod, ir.FunctionType(i64, [f32p, i64, f32p, i64, i32p, i64, i64, i64, i64, f32p,
+                                                i64, f32p, i64, i64]), name=GATHER)
+    out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in, width = fn.args
     for p in (out, W, idx, bias, panel):
         p.add_attribute("noalias")
     B = _Builder(fn)
     b, nv = B.b, PANEL // LANES
+    _return_unless_width(B, fn, width)
     zero = ir.Constant(B.vec, [0.0] * LANES)
     relu_on = b.icmp_signed("!=", relu, B.const(0))
     c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
@@ -156,19 +170,20 @@ def _build_gather(mod):
 
     rows_from(rows_from(B.const(0), ROWS), 1)
     close_c()
-    b.ret_void()
+    b.ret(hp)
 
 
 def _build_scatter(mod):
     f32p, i32p = ir.FloatType().as_pointer(), ir.IntType(32).as_pointer()
     i64 = ir.IntType(64)
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [f32p, i64, f32p, i64, i32p, i64, i64, i64, i64, f32p,
-                                                          f32p, i64]), name=SCATTER)
-    dout, ldd, dW, ldw, idx, lds, n, s, hp, db, panel, n_in = fn.args
+    fn = ir.Function(mod, ir.FunctionType(i64, [f32p, i64, f32p, i64, i32p, i64, i64, i64, i64, f32p,
+                                                f32p, i64, i64]), name=SCATTER)
+    dout, ldd, dW, ldw, idx, lds, n, s, hp, db, panel, n_in, width = fn.args
     for p in (dout, dW, idx, db, panel):
         p.add_attribute("noalias")
     B = _Builder(fn)
     b, nv = B.b, PANEL // LANES
+    _return_unless_width(B, fn, width)
     zero = ir.Constant(B.vec, [0.0] * LANES)
     c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
     r, _, close_r = B.loop(B.const(0), n_in, 1, "zero")
@@ -188,7 +203,7 @@ def _build_scatter(mod):
         B.vstore(sums[v], db, c, v * LANES)
     _copy_panel(B, panel, B.const(PANEL), dW, ldw, n_in, 0, c)
     close_c()
-    b.ret_void()
+    b.ret(hp)
 
 
 def module_ir() -> str:
@@ -205,7 +220,9 @@ def _make_fallbacks():
     from numba import carray, cfunc
 
     @cfunc(GATHER_SIG, cache=True, nopython=True)
-    def gather_loops(out_p, ldo, w_p, ldw, idx_p, lds, n, s, hp, bias_p, relu, panel_p, n_in):
+    def gather_loops(out_p, ldo, w_p, ldw, idx_p, lds, n, s, hp, bias_p, relu, panel_p, n_in, width):
+        if width != PANEL:
+            return 0
         out = carray(out_p, (n - 1) * ldo + hp if n > 0 else 0)
         w = carray(w_p, (n_in - 1) * ldw + hp)
         idx = carray(idx_p, (n - 1) * lds + s if n > 0 else 0)
@@ -216,9 +233,12 @@ def _make_fallbacks():
                 for k in range(s):
                     v += w[idx[i * lds + k] * ldw + j]
                 out[i * ldo + j] = 0 if (relu != 0 and v < 0) else v
+        return hp
 
     @cfunc(SCATTER_SIG, cache=True, nopython=True)
-    def scatter_loops(dout_p, ldd, dw_p, ldw, idx_p, lds, n, s, hp, db_p, panel_p, n_in):
+    def scatter_loops(dout_p, ldd, dw_p, ldw, idx_p, lds, n, s, hp, db_p, panel_p, n_in, width):
+        if width != PANEL:
+            return 0
         dout = carray(dout_p, (n - 1) * ldd + hp if n > 0 else 0)
         dw = carray(dw_p, (n_in - 1) * ldw + hp)
         idx = carray(idx_p, (n - 1) * lds + s if n > 0 else 0)
@@ -234,6 +254,7 @@ def _make_fallbacks():
                 db[j] += d
                 for k in range(s):
                     dw[idx[i * lds + k] * ldw + j] += d
+        return hp
 
     return gather_loops, scatter_loops
 

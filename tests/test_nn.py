@@ -339,11 +339,12 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     wide_out = np.zeros((rows, h + 8), np.float32)
     idx_wide = np.zeros((rows, s + 3), np.int32)
     idx_wide[:, :s] = idx
-    sparse_forward_panels(idx_wide[:, :s], wide_W[:, :h], b, wide_out[:, :h], True, np.zeros(n_in * PANEL, np.float32))
+    scratch = np.zeros(n_in * PANEL, np.float32)
+    sparse_forward_panels(idx_wide[:, :s], wide_W[:, :h], b, wide_out[:, :h], True, scratch)
     np.testing.assert_array_equal(wide_out[:, :h], want)
     dW = np.full((n_in, h + 16), np.nan, np.float32)
     db = np.zeros(h, np.float32)
-    sparse_backward_panels(idx, dout, dW[:, :h], db, np.zeros(n_in * PANEL, np.float32))
+    sparse_backward_panels(idx, dout, dW[:, :h], db, scratch)
     np.testing.assert_array_equal(dW[:, :h], dW_want)
     assert np.isnan(dW[:, h:]).all()
     np.testing.assert_array_equal(db, db_want)
@@ -410,8 +411,8 @@ def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
     assert panels.AVAILABLE, panels.PROBLEM
     gather_loops, scatter_loops = panels._make_fallbacks()
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    gproto = ctypes.CFUNCTYPE(None, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64)
-    sproto = ctypes.CFUNCTYPE(None, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64)
+    gproto = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64)
+    sproto = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, i64)
     import llvmlite.binding as llb
     ir_gather = gproto(llb.address_of_symbol(panels.GATHER))
     ir_scatter = sproto(llb.address_of_symbol(panels.SCATTER))
@@ -425,9 +426,15 @@ def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
     outs, grads = [], []
     for g, sc in ((ir_gather, ir_scatter), (gproto(gather_loops.address), sproto(scatter_loops.address))):
         out = np.full((rows, h), np.nan, np.float32)
-        g(out.ctypes.data, h, W.ctypes.data, h, idx.ctypes.data, s, rows, s, h, b.ctypes.data, 1, panel.ctypes.data, n_in)
         dW, db = np.full((n_in, h), np.nan, np.float32), np.full(h, np.nan, np.float32)
-        sc(dout.ctypes.data, h, dW.ctypes.data, h, idx.ctypes.data, s, rows, s, h, db.ctypes.data, panel.ctypes.data, n_in)
+        gargs = [out.ctypes.data, h, W.ctypes.data, h, idx.ctypes.data, s, rows, s, h, b.ctypes.data, 1,
+                 panel.ctypes.data, n_in]
+        sargs = [dout.ctypes.data, h, dW.ctypes.data, h, idx.ctypes.data, s, rows, s, h, db.ctypes.data,
+                 panel.ctypes.data, n_in]
+        # a caller compiled with another panel width gets 0 columns done and nothing written
+        assert g(*gargs, panels.PANEL // 2) == 0 and sc(*sargs, panels.PANEL * 2) == 0
+        assert np.isnan(out).all() and np.isnan(dW).all() and np.isnan(db).all()
+        assert g(*gargs, panels.PANEL) == h and sc(*sargs, panels.PANEL) == h
         outs.append(out)
         grads.append((dW, db))
     np.testing.assert_array_equal(outs[0], outs[1])
