@@ -154,18 +154,23 @@ def test_verification_rejects_wrong_solutions():
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam", "astar"])
-def test_threads_solve_the_same_as_one_thread(search, oracle):
+@pytest.mark.parametrize("inputs,symmetry", [("pairs", 48), ("stickers", 1)])
+def test_threads_solve_the_same_as_one_thread(search, inputs, symmetry, oracle):
     """Cubes split over two threads (forked policies, GIL-free kernels) get the very same
-    solutions as one thread. The symmetry-reduced pair encoder has the most scratch state."""
-    enc = Encoder(P2, 12, inputs="pairs", symmetry=48)
+    solutions as one thread. The symmetry-reduced pair encoder has the most scratch state;
+    sticker inputs run the first layer by panels (each fork has its own scratch)."""
+    enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry)
     policy = Policy(MLP(Layout(enc.in_dim, enc.n_active, (32,), 12), seed=3), enc)
     rng = np.random.default_rng(4)
     states = np.stack([apply_moves(P2, P2.solved, rng.integers(0, 12, d)) for d in (1, 2, 3, 4, 5) * 4])
-    one = solve_many(policy, P2, states, 12, search, beam_width=16, max_moves=8)
-    two = solve_many(policy, P2, states, 12, search, beam_width=16, max_moves=8, threads=2)
+    width = 64 if inputs == "stickers" else 16  # beams of 64: 64-row policy calls, panel workspaces
+    one = solve_many(policy, P2, states, 12, search, beam_width=width, max_moves=8)
+    two = solve_many(policy, P2, states, 12, search, beam_width=width, max_moves=8, threads=2)
     assert one[0].any()
     assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1]) and one[3] == two[3]
     assert len(two[2]) == len(states)
+    if inputs == "stickers" and search == "beam":
+        assert any(ws.panel.size for ws, _ in policy._ws.values())
 
 
 def test_forked_policies_share_weights_but_not_scratch():
