@@ -128,7 +128,7 @@ class Workspace:
         self.deltas = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
         self.idx = np.zeros((rows, layout.n_active), np.int32)
         # scratch for one column panel of W1 (panels.py): float32 sparse inputs narrow enough
-        # for a panel to sit in L1 (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs).
+        # for a panel to sit in or near L1 (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs).
         # The panels copy all of W1 once per call, so only for workspaces whose rows gather
         # at least 8x as many W1 rows as it has (about where they broke even, forward and
         # backward, at 144 x 256 and 324 x 1024). Decided per workspace, not per call, so

@@ -17,7 +17,8 @@ at once: four 16-float accumulators) and stores its 32 outputs once. Why: the ro
 numba kernel re-loads and re-stores each output element once per eight stickers and
 reads each W row from L2, and a panel of W read in place is in rows 1 KB or 4 KB apart,
 which map onto a few L1 sets and evict each other (column chunks without the copy ran
-slower, Design notes); the copied panel stays in L1. The scatter mirrors it: the panel of
+slower, Design notes); the copied panel is contiguous (all of it in the 32 KB L1 at
+144 rows, most of it at 324). The scatter mirrors it: the panel of
 dW is accumulated in the scratch buffer and copied out when done, so every dW element is
 written once, zeros included (as sparse_backward writes all of dW).
 
