@@ -34,8 +34,7 @@ from numba import njit
 from .cube import expand_children, solved_batch
 from .encoding import Encoder, actions_to_canonical, rows_to_canonical
 from .nn import (LOSSES, MLP, Layout, dense_backward, dueling_backward, loss_full, loss_taken,
-                 mlp_backward_first, mlp_backward_upper, sparse_backward, sparse_backward_panels,
-                 sparse_backward_rows, views)
+                 mlp_backward_first, mlp_backward_upper, sparse_backward_panels, sparse_backward_rows, views)
 from .optim import Optimizer, add_into, polyak_update
 
 TARGETS = ("dqn", "double", "all-actions")
@@ -423,10 +422,8 @@ class Learner:
                 # dx uses this layer's weights before they are updated.
                 dense_backward(ws.acts[l - 1][:rows], ws.deltas[l][:rows], on.Ws[l], dW, db,
                                ws.deltas[l - 1][:rows], True)
-            elif on.sparse and ws.panel.shape[0] > 0:
+            elif on.sparse:  # by panels with the workspace's scratch, else by rows
                 sparse_backward_panels(ws.idx[:rows], ws.deltas[0][:rows], dW, db, ws.panel)
-            elif on.sparse:
-                sparse_backward(ws.idx[:rows], ws.deltas[0][:rows], dW, db)
             else:
                 dense_backward(ws.x[:rows], ws.deltas[0][:rows], on.Ws[0], dW, db,
                                ws.deltas[0][:0], False)

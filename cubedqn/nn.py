@@ -216,6 +216,18 @@ def _rows_fit(a):
     return a.strides[1] == a.itemsize and a.strides[0] >= a.shape[1] * a.itemsize
 
 
+@njit(cache=True, nogil=True)
+def _panel_columns(idx, w, rows, vec, panel):
+    """The columns panels.py can take for weights-shaped w (in,H), batch-shaped rows
+    (B,H) and the (H,) vector vec: H rounded down to whole panels, or 0 when the scratch
+    is too small or a buffer's rows (or vec) are not contiguous."""
+    n_in, h = w.shape
+    fits = vec.strides[0] == 4 and _rows_fit(idx) and _rows_fit(w) and _rows_fit(rows)
+    if not fits or panel.shape[0] < n_in * panels.PANEL:
+        return 0
+    return h // panels.PANEL * panels.PANEL
+
+
 @overload(_panel_gather, jit_options={"nogil": True})
 def _panel_gather_overload(idx, W, b, out, relu, panel):
     if not (W.dtype == out.dtype == b.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
@@ -223,14 +235,12 @@ def _panel_gather_overload(idx, W, b, out, relu, panel):
 
     def run(idx, W, b, out, relu, panel):
         n, s = idx.shape
-        n_in, h = W.shape
-        hp = h // panels.PANEL * panels.PANEL
-        fits = b.strides[0] == 4 and _rows_fit(idx) and _rows_fit(W) and _rows_fit(out)
-        if hp == 0 or panel.shape[0] < n_in * panels.PANEL or not fits:
+        hp = _panel_columns(idx, W, out, b, panel)
+        if hp == 0:
             return 0
         return panels.gather_panels(out.ctypes, out.strides[0] // 4, W.ctypes, W.strides[0] // 4, idx.ctypes,
-                                    idx.strides[0] // 4, n, s, hp, b.ctypes, 1 if relu else 0, panel.ctypes, n_in,
-                                    panels.PANEL)
+                                    idx.strides[0] // 4, n, s, hp, b.ctypes, 1 if relu else 0, panel.ctypes,
+                                    W.shape[0], panels.PANEL)
     return run
 
 
@@ -241,13 +251,12 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
 
     def run(idx, dout, dW, db, panel):
         n, s = idx.shape
-        n_in, h = dW.shape
-        hp = h // panels.PANEL * panels.PANEL
-        fits = db.strides[0] == 4 and _rows_fit(idx) and _rows_fit(dout) and _rows_fit(dW)
-        if hp == 0 or panel.shape[0] < n_in * panels.PANEL or not fits:
+        hp = _panel_columns(idx, dW, dout, db, panel)
+        if hp == 0:
             return 0
         return panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4, idx.ctypes,
-                                     idx.strides[0] // 4, n, s, hp, db.ctypes, panel.ctypes, n_in, panels.PANEL)
+                                     idx.strides[0] // 4, n, s, hp, db.ctypes, panel.ctypes, dW.shape[0],
+                                     panels.PANEL)
     return run
 
 
@@ -255,8 +264,8 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
 def sparse_forward_panels(idx, W, b, out, relu, panel):
     """sparse_forward by column panels (panels.py: float32, panel has in*PANEL floats).
     The last H mod PANEL columns are summed here the same way (bias, then the stickers in
-    order); when panels cover nothing (float64, a smaller scratch, H < PANEL), the row
-    kernel runs instead."""
+    order); when panels cover nothing (float64, no or too small a scratch, H < PANEL),
+    the row kernel runs instead: so this is the sparse forward every network calls."""
     n, s = idx.shape
     h = W.shape[1]
     done = _panel_gather(idx, W, b, out, relu, panel)
@@ -400,10 +409,8 @@ def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel):
     """Layer 0 over the first `rows` rows: idx (B,S) if sparse else x (B,in) -> acts[0].
     panel: the workspace's panel scratch (see Workspace); empty: the row gather."""
     L = len(Ws)
-    if sparse and panel.shape[0] > 0:
+    if sparse:
         sparse_forward_panels(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1, panel)
-    elif sparse:
-        sparse_forward(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
     else:
         dense_forward(x[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
 
@@ -430,10 +437,8 @@ def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
 @njit(cache=True, nogil=True, error_model="numpy")
 def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows, panel):
     """Layer 0's gradient from deltas[0] (dLoss/d its output, first `rows` rows)."""
-    if sparse and panel.shape[0] > 0:
+    if sparse:
         sparse_backward_panels(idx[:rows], deltas[0][:rows], dWs[0], dbs[0], panel)
-    elif sparse:
-        sparse_backward(idx[:rows], deltas[0][:rows], dWs[0], dbs[0])
     else:
         dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], False)
 
