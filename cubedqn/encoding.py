@@ -429,15 +429,12 @@ class Encoder:
             return None
         if not want_codes and self.n_view == 1 and self.inputs == "stickers":
             find_rotations(states, self.home_facelets, self.colours, rot)  # frame = rotation
-            if self.sparse:
-                encode_index_framed(states, self.frame_perm, self.frame_cmap, rot, ws.idx[row0:row0 + n])
-            else:
-                encode_onehot_framed(states, self.frame_perm, self.frame_cmap, rot, ws.x[row0:row0 + n])
-            return None
-        if len(self._codes) < n:
-            self._codes = np.zeros((n, 8), np.int64)
-        codes = self._codes[:n]
-        self.frames(states, rot, codes)
+            codes = None
+        else:
+            if len(self._codes) < n:
+                self._codes = np.zeros((n, 8), np.int64)
+            codes = self._codes[:n]
+            self.frames(states, rot, codes)
         if self.inputs == "pairs":
             encode_pairs_from_codes(codes, ws.idx[row0:row0 + n])
         elif self.inputs == "cubies":
