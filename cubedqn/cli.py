@@ -53,8 +53,9 @@ class CubeGroup(click.Group):
 def main():
     """cubedqn: a fast CPU deep-Q-network engine for Rubik's-cube puzzles."""
     from .blas import CONFIG_PROBLEM  # an unknown CUBEDQN_BLAS value (see blas.py)
-    if CONFIG_PROBLEM:
-        raise UserError(CONFIG_PROBLEM)
+    from .nn import PANELS_PROBLEM  # an unknown CUBEDQN_PANELS value (see nn.py)
+    if CONFIG_PROBLEM or PANELS_PROBLEM:
+        raise UserError(CONFIG_PROBLEM or PANELS_PROBLEM)
 
 
 # ---------------------------------------------------------------------------------------

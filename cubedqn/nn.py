@@ -32,8 +32,12 @@ from .blas import gemm
 
 HUBER, MSE = 0, 1
 PANEL_MAX_IN = 384  # widest W1 (input rows) the panel kernels take: a 48 KB panel
-# CUBEDQN_PANELS=0 keeps the row gather everywhere (for side-by-side timings)
-PANELS = os.environ.get("CUBEDQN_PANELS", "1").strip() != "0" and panels.AVAILABLE
+# CUBEDQN_PANELS=0 keeps the row gather everywhere (for side-by-side timings); 1 (default)
+# uses panels where Workspace says. Another value is reported by the CLI (exit 2).
+_PANELS_ENV = os.environ.get("CUBEDQN_PANELS", "1").strip()
+PANELS_PROBLEM = None if _PANELS_ENV in ("0", "1") else \
+    f"CUBEDQN_PANELS={os.environ['CUBEDQN_PANELS']!r} is not one of: 0, 1"
+PANELS = _PANELS_ENV != "0" and panels.AVAILABLE
 LOSSES = {"huber": HUBER, "mse": MSE}
 
 

@@ -472,3 +472,17 @@ print("ok")
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def test_unknown_panels_setting_is_a_one_line_error():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, CUBEDQN_PANELS="yes")
+    r = subprocess.run([sys.executable, "-m", "cubedqn.cli", "scramble", "--moves", "R U"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "cubedqn: error: CUBEDQN_PANELS='yes' is not one of: 0, 1"
+    env["CUBEDQN_PANELS"] = "0"
+    assert subprocess.run([sys.executable, "-m", "cubedqn.cli", "scramble", "--moves", "R U"], env=env,
+                          capture_output=True, text=True, timeout=300).returncode == 0
