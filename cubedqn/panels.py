@@ -218,15 +218,18 @@ def _make_fallbacks():
     """Plain Numba versions of both functions (same arithmetic, same order, no registers
     kept across stickers): bound instead when the IR cannot be compiled here, and the
     tests' second opinion on the IR. Compiled (and cached) only when used."""
-    from numba import carray, cfunc
+    from numba import carray, cfunc, njit
+
+    @njit(cache=True)
+    def rows_of(p, rows, ld, width):
+        """The flat buffer behind `rows` rows of `width` values, `ld` apart, at p."""
+        return carray(p, (rows - 1) * ld + width if rows > 0 else 0)
 
     @cfunc(GATHER_SIG, cache=True, nopython=True)
     def gather_loops(out_p, ldo, w_p, ldw, idx_p, lds, n, s, hp, bias_p, relu, panel_p, n_in, width):
         if width != PANEL:
             return 0
-        out = carray(out_p, (n - 1) * ldo + hp if n > 0 else 0)
-        w = carray(w_p, (n_in - 1) * ldw + hp)
-        idx = carray(idx_p, (n - 1) * lds + s if n > 0 else 0)
+        out, w, idx = rows_of(out_p, n, ldo, hp), rows_of(w_p, n_in, ldw, hp), rows_of(idx_p, n, lds, s)
         bias = carray(bias_p, hp)
         for i in range(n):
             for j in range(hp):
@@ -240,9 +243,7 @@ def _make_fallbacks():
     def scatter_loops(dout_p, ldd, dw_p, ldw, idx_p, lds, n, s, hp, db_p, panel_p, n_in, width):
         if width != PANEL:
             return 0
-        dout = carray(dout_p, (n - 1) * ldd + hp if n > 0 else 0)
-        dw = carray(dw_p, (n_in - 1) * ldw + hp)
-        idx = carray(idx_p, (n - 1) * lds + s if n > 0 else 0)
+        dout, dw, idx = rows_of(dout_p, n, ldd, hp), rows_of(dw_p, n_in, ldw, hp), rows_of(idx_p, n, lds, s)
         db = carray(db_p, hp)
         for r in range(n_in):
             for j in range(hp):
