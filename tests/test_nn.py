@@ -289,6 +289,18 @@ def sequential_scatter(idx, dout, n_in):
     return dW, db
 
 
+def first_layer_case(seed, n_in, s, h, rows):
+    """float32 W (in,H), b, sticker indices (rows,S) (sticker k's one-hot rows are
+    k*per .. k*per+per-1, per = in // S) and an output gradient (rows,H)."""
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((n_in, h)).astype(np.float32)
+    b = rng.standard_normal(h).astype(np.float32)
+    per = n_in // s
+    idx = (np.arange(s)[None, :] * per + rng.integers(0, per, (rows, s))).astype(np.int32)
+    dout = rng.standard_normal((rows, h)).astype(np.float32)
+    return W, b, idx, dout
+
+
 @pytest.mark.parametrize("n_in,s,h,rows", [(144, 24, 256, 64), (144, 24, 256, 37), (324, 54, 96, 20),
                                            (30, 5, 80, 7), (12, 2, 32, 1)])
 @pytest.mark.parametrize("relu", [True, False])
@@ -298,12 +310,7 @@ def test_panel_kernels_equal_sequential_float32_sums_bitwise(n_in, s, h, rows, r
     float32 sums exactly, and every output element is written."""
     from cubedqn.nn import sparse_backward_panels, sparse_forward_panels
     from cubedqn.panels import PANEL
-    rng = np.random.default_rng(n_in + h + rows)
-    W = rng.standard_normal((n_in, h)).astype(np.float32)
-    b = rng.standard_normal(h).astype(np.float32)
-    per = n_in // s  # sticker k's one-hot rows: k * per .. k * per + per - 1
-    idx = (np.arange(s)[None, :] * per + rng.integers(0, per, (rows, s))).astype(np.int32)
-    dout = rng.standard_normal((rows, h)).astype(np.float32)
+    W, b, idx, dout = first_layer_case(n_in + h + rows, n_in, s, h, rows)
     panel = np.zeros(n_in * PANEL, np.float32)
     out = np.full((rows, h), np.nan, np.float32)
     sparse_forward_panels(idx, W, b, out, relu, panel)
@@ -326,12 +333,8 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     the row kernels' exactly."""
     from cubedqn.nn import sparse_backward, sparse_backward_panels, sparse_forward, sparse_forward_panels
     from cubedqn.panels import PANEL
-    rng = np.random.default_rng(7)
     n_in, s, h, rows = 48, 8, 64, 9
-    W = rng.standard_normal((n_in, h)).astype(np.float32)
-    b = rng.standard_normal(h).astype(np.float32)
-    idx = (np.arange(s)[None, :] * 6 + rng.integers(0, 6, (rows, s))).astype(np.int32)
-    dout = rng.standard_normal((rows, h)).astype(np.float32)
+    W, b, idx, dout = first_layer_case(7, n_in, s, h, rows)
     want = sequential_gather(idx, W, b, True)
     dW_want, db_want = sequential_scatter(idx, dout, n_in)
     wide_W = np.zeros((n_in, h + 16), np.float32)
@@ -416,12 +419,8 @@ def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
     import llvmlite.binding as llb
     ir_gather = gproto(llb.address_of_symbol(panels.GATHER))
     ir_scatter = sproto(llb.address_of_symbol(panels.SCATTER))
-    rng = np.random.default_rng(11)
     n_in, s, h, rows = 60, 10, 64, 9
-    W = rng.standard_normal((n_in, h)).astype(np.float32)
-    b = rng.standard_normal(h).astype(np.float32)
-    idx = (np.arange(s)[None, :] * 6 + rng.integers(0, 6, (rows, s))).astype(np.int32)
-    dout = rng.standard_normal((rows, h)).astype(np.float32)
+    W, b, idx, dout = first_layer_case(11, n_in, s, h, rows)
     panel = np.zeros(n_in * panels.PANEL, np.float32)
     outs, grads = [], []
     for g, sc in ((ir_gather, ir_scatter), (gproto(gather_loops.address), sproto(scatter_loops.address))):
