@@ -62,11 +62,12 @@ def _vec(face):
     return np.array(_FACE_FRAMES[face][0], dtype=np.int64)
 
 
-def _rotate(v, axis):
-    """Rotate integer vector v by -90 degrees about unit axis (clockwise seen from +axis)."""
-    v = np.asarray(v, dtype=np.int64)
+def _quarter_turn(axis):
+    """The integer matrix R of a -90 degree turn about unit axis k (clockwise seen from +k):
+    R v = -k x v + k (k . v)."""
     k = np.asarray(axis, dtype=np.int64)
-    return -np.cross(k, v) + k * int(k @ v)
+    k_cross = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])  # k_cross @ v == k x v
+    return -k_cross + np.outer(k, k)
 
 
 def _sticker_geometry(n):
@@ -82,14 +83,14 @@ def _sticker_geometry(n):
     return np.array(pos), np.array(nrm)
 
 
-def _perm_from_rotation(pos, nrm, axis, layer_pred):
-    """Sticker permutation for rotating the stickers selected by layer_pred about axis."""
-    index = {(tuple(p), tuple(q)): i for i, (p, q) in enumerate(zip(pos, nrm))}
+def _perm_from_rotation(pos, nrm, axis, moving):
+    """Sticker permutation for turning the stickers where `moving` is true about axis."""
+    index = {(tuple(p), tuple(q)): i for i, (p, q) in enumerate(zip(pos.tolist(), nrm.tolist()))}
+    turn = _quarter_turn(axis)
     perm = np.arange(len(pos))
-    for i, (p, q) in enumerate(zip(pos, nrm)):
-        if layer_pred(p):
-            j = index[(tuple(_rotate(p, axis)), tuple(_rotate(q, axis)))]
-            perm[j] = i  # sticker i moves to place j: new[j] = old[i]
+    for i, (p, q) in enumerate(zip((pos @ turn.T).tolist(), (nrm @ turn.T).tolist())):
+        if moving[i]:
+            perm[index[(tuple(p), tuple(q))]] = i  # sticker i moves to place j: new[j] = old[i]
     return perm
 
 
@@ -177,14 +178,15 @@ def get_puzzle(name: str) -> Puzzle:
     quarter = []
     for face in "UDLRFB":
         axis = _vec(face)
-        cw = _perm_from_rotation(pos, nrm, axis, lambda p, a=axis: int(p @ a) >= n - 1)
+        cw = _perm_from_rotation(pos, nrm, axis, pos @ axis >= n - 1)
         quarter.append(cw)
         quarter.append(compose(compose(cw, cw), cw))
     half = [compose(quarter[2 * f], quarter[2 * f]) for f in range(6)]
     moves = np.array(quarter + half, dtype=np.uint8)
 
-    whole_x = _perm_from_rotation(pos, nrm, np.array([1, 0, 0]), lambda p: True)
-    whole_y = _perm_from_rotation(pos, nrm, np.array([0, 1, 0]), lambda p: True)
+    everything = np.ones(s, dtype=bool)
+    whole_x = _perm_from_rotation(pos, nrm, np.array([1, 0, 0]), everything)
+    whole_y = _perm_from_rotation(pos, nrm, np.array([0, 1, 0]), everything)
     ident = np.arange(s)
     rots = [ident]
     seen = {ident.tobytes()}
@@ -242,18 +244,16 @@ def symmetries(name: str):
             mats.append(m)
     # identity first, then the other sign-free permutations, then the rest
     mats.sort(key=lambda m: (int((m < 0).any()), not np.array_equal(m, np.eye(3, dtype=np.int64))))
+    moves = puzzle.moves.astype(np.int64)
     perms, cmaps, mmaps = [], [], []
     for m in mats:
         perm = np.zeros(len(pos), np.int64)
-        for i, (p, q) in enumerate(zip(pos, nrm)):
-            perm[index[(tuple(m @ p), tuple(m @ q))]] = i   # new[j] = old[perm[j]]
+        for i, (p, q) in enumerate(zip((pos @ m.T).tolist(), (nrm @ m.T).tolist())):
+            perm[index[(tuple(p), tuple(q))]] = i   # new[j] = old[perm[j]]
         cmap = np.array([face_of[tuple(m @ _vec(f))] for f in FACES], np.int64)
-        mmap = np.zeros(len(puzzle.moves), np.int64)
-        for a, mv in enumerate(puzzle.moves.astype(np.int64)):
-            hits = [b for b, mb in enumerate(puzzle.moves.astype(np.int64))
-                    if np.array_equal(perm[mb], mv[perm])]
-            assert len(hits) == 1
-            mmap[a] = hits[0]
+        # move b plays move a's role when perm[moves[b]] == moves[a][perm] (one such b each)
+        role = {row.tobytes(): b for b, row in enumerate(perm[moves])}
+        mmap = np.array([role[row.tobytes()] for row in moves[:, perm]], np.int64)
         perms.append(perm)
         cmaps.append(cmap)
         mmaps.append(mmap)

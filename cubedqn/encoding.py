@@ -230,11 +230,9 @@ def action_map(puzzle, n_actions) -> np.ndarray:
     rots = puzzle.rotations.astype(np.int64)
     out = np.zeros((len(rots), n_actions), np.int64)
     for r, R in enumerate(rots):
-        for a in range(n_actions):
-            lhs = moves[a][R]
-            hits = [b for b in range(n_actions) if np.array_equal(lhs, R[moves[b]])]
-            assert len(hits) == 1
-            out[r, a] = hits[0]
+        # move b plays move a's role when R[moves[b]] == moves[a][R] (exactly one b)
+        role = {row.tobytes(): b for b, row in enumerate(R[moves[:n_actions]])}
+        out[r] = [role[row.tobytes()] for row in moves[:n_actions, R]]
     return out
 
 
@@ -334,19 +332,21 @@ class Encoder:
         cosets = coset_representatives(sym_perm, sym_cmap) if self.symmetry == 48 else [0]
         self.n_sym = 1 if self.symmetry == 1 else 6
         self.n_rr = 24 if self.symmetry == 48 else 1
-        view_perm, view_cmap, view_act = [], [], []
-        for g in cosets:
-            for rr in range(self.n_rr):
-                for k in range(self.n_sym):
-                    # conj_g, turn by rr, conj_k: view[q] = c_k[c_g[x[P_g[R_rr[P_k[q]]]]]]
-                    view_perm.append(sym_perm[g][rots[rr][sym_perm[k]]])
-                    view_cmap.append(sym_cmap[k][sym_cmap[g]])
-                    view_act.append(sym_moves[k][rot_act[rr][sym_moves[g][:n_actions]]])
+        # view (g, rr, k), in that nesting order: conj_g, turn by rr, conj_k, i.e.
+        # view[q] = c_k[c_g[x[P_g[R_rr[P_k[q]]]]]], playing action a as k(rr(g(a)))
+        g, k_perm, k_cmap, k_moves = (np.asarray(cosets), sym_perm[:self.n_sym], sym_cmap[:self.n_sym],
+                                      sym_moves[:self.n_sym])
+        n_g, n_s = len(g), puzzle.n_stickers
+        view_perm = sym_perm[g][:, rots[:self.n_rr][:, k_perm]].reshape(-1, n_s)
+        view_cmap = np.broadcast_to(k_cmap[:, sym_cmap[g]].transpose(1, 0, 2)[:, None],
+                                    (n_g, self.n_rr, self.n_sym, 6)).reshape(-1, 6)
+        g_act = rot_act[:self.n_rr][:, sym_moves[g][:, :n_actions]]            # (rr, g, a)
+        view_act = k_moves[:, g_act].transpose(2, 1, 0, 3).reshape(-1, n_actions)  # (g, rr, k, a)
         self.n_view = len(view_perm)
-        self.frame_perm = np.ascontiguousarray([R[vp] for R in rots for vp in view_perm], np.uint8)  # sticker indices
-        self.frame_cmap = np.ascontiguousarray([vc for _ in rots for vc in view_cmap], np.uint8)
-        self.act_map = np.ascontiguousarray([va[rot_act[r]] for r in range(len(rots)) for va in view_act],
-                                            np.int64)
+        # frame f = (rotation r0, view v), r0 outer: sticker indices, colour maps, action maps
+        self.frame_perm = np.ascontiguousarray(rots[:, view_perm].reshape(-1, n_s), np.uint8)
+        self.frame_cmap = np.ascontiguousarray(np.tile(view_cmap, (len(rots), 1)), np.uint8)
+        self.act_map = np.ascontiguousarray(view_act[:, rot_act].transpose(1, 0, 2).reshape(-1, n_actions), np.int64)
         # per-corner tables of every view, and the rotation rr that homes each coset's new DBL cubie
         slot_of = np.zeros(puzzle.n_stickers, np.int64)
         for j, fs in enumerate(puzzle.corner_facelets):
