@@ -1,9 +1,10 @@
 """The sparse first layer's float32 kernels on column panels, written in LLVM IR.
 
-What this file is: two functions, compiled once per process for this CPU with llvmlite
-and bound at import as the external symbols `cubedqn_panel_gather` and
-`cubedqn_panel_scatter`, which nn.sparse_forward_panels / sparse_backward_panels call
-from njit (cached kernels call them by name, as with blas.py's sgemm):
+What this file is: two functions, compiled for this CPU with llvmlite (the object code is
+then kept on disk, like numba's cache) and bound at import as the external symbols
+`cubedqn_panel_gather` and `cubedqn_panel_scatter`, which nn.sparse_forward_panels /
+sparse_backward_panels call from njit (cached kernels call them by name, as with blas.py's
+sgemm):
 
   gather   out (B,H) = b + sum_s W[idx[:, s]]  (then ReLU), for the columns [0, hp)
   scatter  dW (in,H) = scatter-add of dout (B,H) rows at idx (B,S); db = column sums of
@@ -37,6 +38,11 @@ The caller guarantees contiguous rows, idx within [0, in), and distinct buffers.
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
+import llvmlite
 import llvmlite.binding as llb
 import llvmlite.ir as ir
 from numba import types
@@ -261,20 +267,82 @@ def _make_fallbacks():
     return gather_loops, scatter_loops
 
 
+# The machine code is kept between processes (building the IR and compiling it took
+# 30-60 ms, at every import): one object file per (this source, llvmlite, LLVM, CPU), in
+# NUMBA_CACHE_DIR when that is set, else beside numba's own cache in this package's
+# __pycache__; nowhere if neither is writable. The file starts with the SHA-256 of the
+# object code and is used only if that matches (LLVM is not handed a damaged object).
+_MAGIC = b"cubedqn-panels-object-1\n"
+
+
+def _cache_path(tm_triple, cpu, features):
+    from numba.core.config import CACHE_DIR
+    key = hashlib.sha256("\0".join((Path(__file__).read_text(), llvmlite.__version__,
+                                     ".".join(map(str, llb.llvm_version_info)), tm_triple, cpu,
+                                     features)).encode()).hexdigest()[:20]
+    folder = Path(CACHE_DIR) / "cubedqn" if CACHE_DIR else Path(__file__).parent / "__pycache__"
+    return folder / f"panels-{key}.o"
+
+
+def _read_cached(path):
+    """The cached object code, or None (absent, unreadable or not matching its digest)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head, digest, obj = data[:len(_MAGIC)], data[len(_MAGIC):len(_MAGIC) + 32], data[len(_MAGIC) + 32:]
+    return obj if head == _MAGIC and obj and hashlib.sha256(obj).digest() == digest else None
+
+
+def _write_cached(path, obj):
+    """Atomically (temp file + rename); a cache that cannot be written is not an error."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(_MAGIC + hashlib.sha256(obj).digest() + obj)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _engine_for(tm, obj):
+    """An MCJIT engine holding the object code `obj`, both symbols bound to it."""
+    engine = llb.create_mcjit_compiler(llb.parse_assembly(""), tm)
+    engine.add_object_file(llb.ObjectFileRef.from_data(obj))
+    engine.finalize_object()
+    for name in (GATHER, SCATTER):
+        address = engine.get_function_address(name)
+        if not address:
+            raise RuntimeError(f"{name} is not in the object code")
+        llb.add_symbol(name, address)
+    return engine
+
+
 def _compile():
-    """Compile for this CPU; returns the engine (which owns the code) after binding both symbols."""
+    """Load the object code compiled for this CPU before, or compile it; returns the engine
+    (which owns the code) after binding both symbols. Sets SOURCE."""
+    global SOURCE
     llb.initialize_native_target()
     llb.initialize_native_asmprinter()
-    tm = llb.Target.from_default_triple().create_target_machine(
-        cpu=llb.get_host_cpu_name(), features=llb.get_host_cpu_features().flatten(), opt=3)
+    cpu, features = llb.get_host_cpu_name(), llb.get_host_cpu_features().flatten()
+    tm = llb.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
+    path = _cache_path(tm.triple, cpu, features)
+    obj = _read_cached(path)
+    if obj is not None:
+        try:
+            engine = _engine_for(tm, obj)
+            SOURCE = "cache"
+            return engine
+        except Exception:  # intact but unusable here after all: compile it again
+            pass
     mod = llb.parse_assembly(module_ir())
     mod.triple = tm.triple
     mod.verify()
     # no IR pass pipeline: the loops are already written as wanted, and it took ~50 of ~70 ms
-    engine = llb.create_mcjit_compiler(mod, tm)
-    engine.finalize_object()
-    for name in (GATHER, SCATTER):
-        llb.add_symbol(name, engine.get_function_address(name))
+    obj = tm.emit_object(mod)
+    engine = _engine_for(tm, obj)
+    _write_cached(path, obj)
+    SOURCE = "compiled"
     return engine
 
 
@@ -284,6 +352,8 @@ def _bind():
     try:
         return _compile(), None
     except Exception as e:  # an LLVM that cannot target this CPU: stay correct, be slow
+        global SOURCE
+        SOURCE = "fallback"
         _FALLBACKS = _make_fallbacks()
         for name, fn in zip((GATHER, SCATTER), _FALLBACKS):
             llb.add_symbol(name, fn.address)
@@ -291,6 +361,7 @@ def _bind():
 
 
 _FALLBACKS = ()
+SOURCE = ""  # where the bound code came from: "compiled", "cache" (object file) or "fallback"
 
 
 _ENGINE, PROBLEM = _bind()

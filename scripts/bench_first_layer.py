@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--reps", type=int, default=11)
     args = ap.parse_args()
     limit_threads(1)
-    print(f"panels: {'LLVM IR' if panels.AVAILABLE else 'not available: ' + str(panels.PROBLEM)}, "
+    print(f"panels: {'LLVM IR (' + panels.SOURCE + ')' if panels.AVAILABLE else 'not available: ' + str(panels.PROBLEM)}, "
           f"{panels.PANEL} columns a panel; medians of {args.reps} rounds, microseconds per call")
     print(f"{'shape':<14s} {'batch':>5s} {'rows fwd':>9s} {'panels fwd':>11s} {'x':>6s} "
           f"{'rows bwd':>9s} {'panels bwd':>11s} {'x':>6s}")

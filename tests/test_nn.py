@@ -473,6 +473,54 @@ print("ok")
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
 
 
+PANEL_CACHE_RUN = """
+import ctypes, sys
+import numpy as np
+import llvmlite.binding as llb
+import cubedqn.panels as p
+i64, ptr = ctypes.c_int64, ctypes.c_void_p
+gather = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64)(
+    llb.address_of_symbol(p.GATHER))
+rng = np.random.default_rng(3)
+W = rng.standard_normal((30, 64)).astype(np.float32); b = rng.standard_normal(64).astype(np.float32)
+idx = (np.arange(5)[None, :] * 6 + rng.integers(0, 6, (7, 5))).astype(np.int32)
+out, panel = np.zeros((7, 64), np.float32), np.zeros(30 * p.PANEL, np.float32)
+assert gather(out.ctypes.data, 64, W.ctypes.data, 64, idx.ctypes.data, 5, 7, 5, 64, b.ctypes.data, 0,
+              panel.ctypes.data, 30, p.PANEL) == 64
+want = b.copy()[None].repeat(7, 0)
+for k in range(5):
+    want += W[idx[:, k]]
+assert np.array_equal(out, want)
+print(p.SOURCE, p.AVAILABLE)
+"""
+
+
+def test_panel_object_code_is_cached_and_a_damaged_cache_is_recompiled(tmp_path):
+    """The IR's machine code is kept in NUMBA_CACHE_DIR/cubedqn: the next process loads it
+    instead of compiling; a file whose digest does not match is compiled afresh and
+    replaced. Each run checks the gather's sums (fresh processes: the binding is new)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+
+    def run():
+        r = subprocess.run([sys.executable, "-c", PANEL_CACHE_RUN], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip()
+
+    assert run() == "compiled True"
+    (cached,) = (tmp_path / "cubedqn").glob("panels-*.o")
+    good = cached.read_bytes()
+    assert run() == "cache True"
+    for damaged in (good[:-1] + bytes([good[-1] ^ 1]), good[: len(good) // 2], b""):
+        cached.write_bytes(damaged)
+        assert run() == "compiled True"
+        assert cached.read_bytes() == good  # rewritten: the same code for the same source and CPU
+    assert [f.name for f in (tmp_path / "cubedqn").iterdir()] == [cached.name]  # no temp files left
+
+
 def test_unknown_panels_setting_is_a_one_line_error():
     import os
     import subprocess
