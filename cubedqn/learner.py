@@ -33,7 +33,7 @@ from numba import njit
 
 from .cube import expand_children, solved_batch
 from .encoding import Encoder, actions_to_canonical, rows_to_canonical
-from .nn import (LOSSES, MLP, Layout, dense_backward, dueling_backward, loss_full, loss_taken,
+from .nn import (LOSSES, MLP, Layout, aligned_zeros, dense_backward, dueling_backward, loss_full, loss_taken,
                  mlp_backward_first, mlp_backward_upper, sparse_backward_panels, sparse_backward_rows, views)
 from .optim import Optimizer, add_into, polyak_update
 
@@ -215,13 +215,13 @@ class Learner:
         self.n_actions = layout.n_actions
         self.online = MLP(layout, seed=seed, dtype=dtype, sparse=sparse)
         self.target = MLP(layout, params=self.online.params.copy(), dtype=dtype, sparse=sparse)
-        self.grads = np.zeros(layout.size if not lomo else 0, self.dtype)
+        self.grads = aligned_zeros(layout.size if not lomo else 0, self.dtype)
         self.gWs, self.gbs = views(self.grads, layout) if not lomo else ((), ())
-        self.grads_tmp = np.zeros(layout.size if grad_accum > 1 else 0, self.dtype)
+        self.grads_tmp = aligned_zeros(layout.size if grad_accum > 1 else 0, self.dtype)
         self.tWs, self.tbs = views(self.grads_tmp, layout) if grad_accum > 1 else ((), ())
         self.layer_slices = [(off, boff + fo) for off, fi, fo, boff in layout.tensors]
         if lomo:
-            self.lomo_scratch = np.zeros(max(hi - lo for lo, hi in self.layer_slices), self.dtype)
+            self.lomo_scratch = aligned_zeros(max(hi - lo for lo, hi in self.layer_slices), self.dtype)
         self.opt = Optimizer(optimizer, layout.size, dtype, self.layer_slices, **opt_kwargs)
         micro = batch_size // grad_accum
         self.micro = micro

@@ -97,6 +97,22 @@ class Layout:
         return first + 2 * self.flops_gemm_forward(rows)  # dW and dx of each GEMM layer
 
 
+ALIGN = 64  # bytes: a cache line, one AVX-512 vector
+
+
+def aligned_zeros(shape, dtype) -> np.ndarray:
+    """np.zeros whose data starts on an ALIGN-byte boundary. numpy's buffers here start 16
+    or 32 bytes past one, so every 64-byte vector load from them straddles two cache
+    lines: the panel first layer ran 1.17-1.60x slower from such a scratch, 1.03-1.15x
+    with its other buffers so placed (`scripts/bench_alignment.py`). Parameters,
+    gradients, optimizer state and workspaces are allocated here."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.zeros(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def views(flat: np.ndarray, layout: Layout):
     """(Ws, bs): tuples of views into a flat buffer, one (in, out) matrix and bias per layer."""
     Ws, bs = [], []
@@ -108,7 +124,7 @@ def views(flat: np.ndarray, layout: Layout):
 
 def init_params(layout: Layout, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
     """He/Kaiming-normal weights (std sqrt(2/fan_in); the linear head sqrt(1/fan_in)), zero biases."""
-    flat = np.zeros(layout.size, dtype=dtype)
+    flat = aligned_zeros(layout.size, dtype)
     Ws, _ = views(flat, layout)
     for l, W in enumerate(Ws):
         fan_in = W.shape[0]
@@ -128,9 +144,9 @@ class Workspace:
     def __init__(self, layout: Layout, rows: int, dtype=np.float32, dense_input=False):
         self.layout, self.rows, self.dtype = layout, rows, dtype
         w = layout.widths
-        self.acts = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
-        self.deltas = tuple(np.zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
-        self.idx = np.zeros((rows, layout.n_active), np.int32)
+        self.acts = tuple(aligned_zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
+        self.deltas = tuple(aligned_zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
+        self.idx = aligned_zeros((rows, layout.n_active), np.int32)
         # scratch for one column panel of W1 (panels.py): float32 sparse inputs narrow enough
         # for a panel to sit in or near L1 (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs).
         # The panels copy all of W1 once per call, so only for workspaces whose rows gather
@@ -140,10 +156,10 @@ class Workspace:
         # and chunked policies rely on that, bitwise).
         panel = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
                  and layout.widths[1] % panels.PANEL == 0 and rows * layout.n_active >= 8 * layout.in_dim)
-        self.panel = np.zeros(layout.in_dim * panels.PANEL if panel else 0, dtype)
-        self.x = np.zeros((rows, layout.in_dim), dtype) if dense_input else np.zeros((rows, 0), dtype)
-        self.q = np.zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
-        self.dq = np.zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
+        self.panel = aligned_zeros(layout.in_dim * panels.PANEL if panel else 0, dtype)
+        self.x = aligned_zeros((rows, layout.in_dim if dense_input else 0), dtype)
+        self.q = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
+        self.dq = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -513,8 +529,11 @@ class MLP:
         self.layout = layout
         self.dtype = np.dtype(dtype)
         self.sparse = sparse
-        self.params = init_params(layout, np.random.default_rng(seed), self.dtype) if params is None \
-            else np.ascontiguousarray(params, dtype=self.dtype)
+        if params is None:
+            self.params = init_params(layout, np.random.default_rng(seed), self.dtype)
+        else:  # a copy, in an aligned buffer
+            self.params = aligned_zeros(layout.size, self.dtype)
+            self.params[:] = np.asarray(params).reshape(-1)
         self.Ws, self.bs = views(self.params, layout)
 
     def workspace(self, rows: int) -> Workspace:

@@ -28,6 +28,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .nn import aligned_zeros
+
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
 SCHEDULES = ("constant", "linear", "cosine")
 CLIPS = ("global", "layer", "none")
@@ -194,8 +196,8 @@ class Optimizer:
         self.lr_final = lr if lr_final is None else lr_final
         self.t = 0
         self.progress = None  # set by a caller whose run ends on a budget other than steps
-        self.m = np.zeros(size if kind != "sgd" else 0, self.dtype)
-        self.v = np.zeros(size if kind in ("adam", "adamw") else 0, self.dtype)
+        self.m = aligned_zeros(size if kind != "sgd" else 0, self.dtype)
+        self.v = aligned_zeros(size if kind in ("adam", "adamw") else 0, self.dtype)
         self.last_norm = 0.0
         self.lr = lr
 

@@ -13,7 +13,7 @@ from cubedqn.dqn import Trainer, load_policy
 from cubedqn.env import VecEnv
 from cubedqn.encoding import Encoder, Policy
 from cubedqn.learner import Learner, all_action_targets, row_max, sampled_targets
-from cubedqn.nn import MLP, Layout
+from cubedqn.nn import ALIGN, MLP, Layout
 from cubedqn.replay import Batch, ReplayBuffer, tree_fill_ring, tree_find, tree_set
 from cubedqn.rng import make_rng
 
@@ -487,3 +487,16 @@ def test_float32_learner_first_layer_by_panels_agrees_with_row_gather_and_lomo()
     assert not np.array_equal(panels.online.params, panels.target.params)  # the steps moved the weights
     np.testing.assert_allclose(panels.online.params, rows.online.params, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(panels.online.params, lomo.online.params, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [dict(optimizer="adam", grad_accum=2), dict(optimizer="momentum", lomo=True)])
+def test_learner_buffers_start_on_cache_lines(kw):
+    """Parameters, target, gradients, optimizer moments and both workspaces come from
+    nn.aligned_zeros (see scripts/bench_alignment.py for what a misaligned start costs)."""
+    lr = Learner(Layout(144, 24, (64, 32), 12), np.ascontiguousarray(P2.moves[:12]), 64,
+                 Encoder(P2, 12, canonical=True), dtype=np.float32, **kw)
+    bufs = [lr.online.params, lr.target.params, lr.opt.m, *lr.ws.acts, *lr.ws.deltas, *lr.ws_t.acts,
+            lr.ws.idx, lr.ws_t.idx, lr.ws.panel]
+    bufs += [lr.grads, lr.grads_tmp, lr.opt.v] if kw["optimizer"] == "adam" else [lr.lomo_scratch]
+    assert all(a.size for a in bufs)
+    assert all(a.ctypes.data % ALIGN == 0 for a in bufs)

@@ -5,7 +5,7 @@ import pytest
 
 from cubedqn import reference as ref
 from cubedqn.cube import encode_index, encode_onehot
-from cubedqn.nn import LOSSES, MLP, Layout, loss_full, loss_taken, views
+from cubedqn.nn import ALIGN, LOSSES, MLP, Layout, aligned_zeros, loss_full, loss_taken, views
 from cubedqn.optim import Optimizer, sq_norm
 
 S = 8  # a tiny "puzzle": 8 stickers, 6 colours
@@ -403,6 +403,30 @@ def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
     np.testing.assert_array_equal(few, results[0][0][:5])
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
     assert not np.array_equal(results[0][1], np.zeros_like(net.params))
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 5), np.float32), (7, np.float64), ((2, 0), np.int32),
+                                         ((4, 3, 2), np.uint8)])
+def test_aligned_zeros_start_on_a_cache_line(shape, dtype):
+    bufs = [aligned_zeros(shape, dtype) for _ in range(4)]
+    for a in bufs:
+        assert a.shape == np.zeros(shape).shape and a.dtype == dtype and a.flags.c_contiguous
+        assert not a.any() and (a.size == 0 or a.ctypes.data % ALIGN == 0)
+    if bufs[0].size:
+        bufs[0][...] = 1  # separate buffers
+        assert not bufs[1].any()
+
+
+def test_network_buffers_are_aligned_and_loaded_parameters_are_copied():
+    layout = Layout(144, 24, (64, 32), 12)
+    net = MLP(layout, seed=1)
+    ws = net.workspace(64)
+    given = np.zeros(layout.size + 1, np.float32)[1:]  # 4 bytes past numpy's own start
+    given[:] = net.params
+    loaded = MLP(layout, params=given)
+    assert np.array_equal(loaded.params, given) and not np.shares_memory(loaded.params, given)
+    for a in (net.params, loaded.params, *net.Ws, *loaded.Ws, *ws.acts, *ws.deltas, ws.idx, ws.panel):
+        assert a.ctypes.data % ALIGN == 0
 
 
 def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
