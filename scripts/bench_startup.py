@@ -6,14 +6,32 @@ it includes imports, compilation or cache loads, filling replay to learning_star
 NUMBA_DEBUG_CACHE=1 numba reports every cache save, and a warm run should report none.
 
   python scripts/bench_startup.py [--repeats 3]
+
+With --against DIR (another checkout of cubedqn, e.g. `git worktree add /tmp/old REV`),
+it instead times warm whole commands of that tree and of this one alternating, round by
+round (PYTHONPATH picks the tree; each tree keeps its own Numba cache, warmed first), and
+prints medians and per-round ratios:
+
+  python scripts/bench_startup.py --against /tmp/old --rounds 6
 """
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent.parent)
+WARM_COMMANDS = {
+    "train --profile cube2-quick --steps 10": ["train", "--profile", "cube2-quick", "--steps", "10", "--minutes", "0",
+                                               "--out"],
+    "train --profile cube2 --steps 10 --learning-starts 1000": ["train", "--profile", "cube2", "--steps", "10",
+                                                                "--minutes", "0", "--learning-starts", "1000", "--out"],
+    "scramble --puzzle cube3 --depth 5": ["scramble", "--puzzle", "cube3", "--depth", "5"],
+}
 
 
 def run_once(cache_dir, out_dir):
@@ -30,21 +48,64 @@ def run_once(cache_dir, out_dir):
     return wall, saves, loads
 
 
+def cold_and_warm(repeats, tmp):
+    cold, warm = [], []
+    for k in range(repeats):
+        cache = os.path.join(tmp, f"cache{k}")
+        cold.append(run_once(cache, os.path.join(tmp, f"cold{k}")))
+        warm.append(run_once(cache, os.path.join(tmp, f"warm{k}")))
+    for name, rows in (("cold cache", cold), ("warm cache", warm)):
+        walls = sorted(w for w, _, _ in rows)
+        print(f"{name}: median {walls[len(walls) // 2]:.2f} s (runs: {', '.join(f'{w:.2f}' for w in walls)}); "
+              f"cache saves {rows[0][1]}, cache loads {rows[0][2]}")
+
+
+def against(other, rounds, tmp):
+    trees = {"other": str(Path(other).resolve()), "this": HERE}
+    count = [0]
+
+    def run(tree, name):
+        argv = list(WARM_COMMANDS[name])
+        if argv[-1] == "--out":
+            count[0] += 1
+            argv.append(os.path.join(tmp, f"run{count[0]}"))
+        env = dict(os.environ, PYTHONPATH=trees[tree])
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "cubedqn.cli", *argv], env=env, capture_output=True, text=True,
+                           cwd=tmp)
+        if r.returncode != 0:
+            raise SystemExit(f"{tree} tree, {name}: {r.stderr[-2000:]}")
+        return time.perf_counter() - t
+
+    for name in WARM_COMMANDS:  # warm both trees' caches
+        for tree in trees:
+            run(tree, name)
+    walls = {(tree, name): [] for tree in trees for name in WARM_COMMANDS}
+    for k in range(rounds):
+        for name in WARM_COMMANDS:
+            for tree in (("other", "this") if k % 2 == 0 else ("this", "other")):
+                walls[(tree, name)].append(run(tree, name))
+    print(f"warm whole commands, {rounds} alternating rounds; other tree: {trees['other']}")
+    for name in WARM_COMMANDS:
+        o, t = walls[("other", name)], walls[("this", name)]
+        ratios = [a / b for a, b in zip(o, t)]
+        print(f"{name:58s} other median {statistics.median(o):.2f} s, this {statistics.median(t):.2f} s; "
+              f"other/this per round {min(ratios):.2f}-{max(ratios):.2f} (median {statistics.median(ratios):.2f}x); "
+              f"other {' '.join(f'{x:.2f}' for x in o)} | this {' '.join(f'{x:.2f}' for x in t)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--against", metavar="DIR", help="another checkout: time warm commands of both, alternating")
+    ap.add_argument("--rounds", type=int, default=6)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cubedqn-startup-")
     try:
-        cold, warm = [], []
-        for k in range(args.repeats):
-            cache = os.path.join(tmp, f"cache{k}")
-            cold.append(run_once(cache, os.path.join(tmp, f"cold{k}")))
-            warm.append(run_once(cache, os.path.join(tmp, f"warm{k}")))
-        for name, rows in (("cold cache", cold), ("warm cache", warm)):
-            walls = sorted(w for w, _, _ in rows)
-            print(f"{name}: median {walls[len(walls) // 2]:.2f} s (runs: {', '.join(f'{w:.2f}' for w in walls)}); "
-                  f"cache saves {rows[0][1]}, cache loads {rows[0][2]}")
+        if args.against:
+            against(args.against, args.rounds, tmp)
+        else:
+            cold_and_warm(args.repeats, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
