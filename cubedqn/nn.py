@@ -156,7 +156,7 @@ class Workspace:
         # and chunked policies rely on that, bitwise).
         panel = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
                  and layout.widths[1] % panels.PANEL == 0 and rows * layout.n_active >= 8 * layout.in_dim)
-        self.panel = aligned_zeros(layout.in_dim * panels.PANEL if panel else 0, dtype)
+        self.panel = aligned_zeros(panel_scratch_size(layout.in_dim, rows, layout.n_active) if panel else 0, dtype)
         self.x = aligned_zeros((rows, layout.in_dim if dense_input else 0), dtype)
         self.q = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
         self.dq = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
@@ -237,15 +237,45 @@ def _rows_fit(a):
 
 
 @njit(cache=True, nogil=True)
-def _panel_columns(idx, w, rows, vec, panel):
+def panel_scratch_size(in_dim, rows, n_active):
+    """float32 elements of the scratch the panel kernels need for `rows` batch rows: a
+    panel of max(in_dim, rows) rows (W1's for the gather, dout's for the scatter), then,
+    as int32, the scatter's lists of batch rows per W1 row (rows * n_active entries,
+    in_dim + 1 starts) and in_dim cursors for building them; rounded up to 16."""
+    n = max(in_dim, rows) * panels.PANEL + rows * n_active + 2 * in_dim + 1
+    return -(-n // 16) * 16
+
+
+@njit(cache=True, nogil=True)
+def _panel_columns(idx, w, rows, vec, panel, need):
     """The columns panels.py can take for weights-shaped w (in,H), batch-shaped rows
     (B,H) and the (H,) vector vec: H rounded down to whole panels, or 0 when the scratch
-    is too small or a buffer's rows (or vec) are not contiguous."""
-    n_in, h = w.shape
+    is smaller than `need` or a buffer's rows (or vec) are not contiguous."""
+    h = w.shape[1]
     fits = vec.strides[0] == 4 and _rows_fit(idx) and _rows_fit(w) and _rows_fit(rows)
-    if not fits or panel.shape[0] < n_in * panels.PANEL:
+    if not fits or panel.shape[0] < need:
         return 0
     return h // panels.PANEL * panels.PANEL
+
+
+@njit(cache=True, nogil=True)
+def _rows_by_w1_row(idx, n_in, order, starts, cursor):
+    """order[starts[r]:starts[r + 1]] = the batch rows i with r in idx[i], ascending (a
+    counting sort; a row listing r twice is listed twice)."""
+    n, s = idx.shape
+    cursor[:] = 0
+    for i in range(n):
+        for k in range(s):
+            cursor[idx[i, k]] += 1
+    starts[0] = 0
+    for r in range(n_in):
+        starts[r + 1] = starts[r] + cursor[r]
+        cursor[r] = starts[r]
+    for i in range(n):
+        for k in range(s):
+            r = idx[i, k]
+            order[cursor[r]] = i
+            cursor[r] += 1
 
 
 @overload(_panel_gather, jit_options={"nogil": True})
@@ -255,7 +285,7 @@ def _panel_gather_overload(idx, W, b, out, relu, panel):
 
     def run(idx, W, b, out, relu, panel):
         n, s = idx.shape
-        hp = _panel_columns(idx, W, out, b, panel)
+        hp = _panel_columns(idx, W, out, b, panel, W.shape[0] * panels.PANEL)
         if hp == 0:
             return 0
         return panels.gather_panels(out.ctypes, out.strides[0] // 4, W.ctypes, W.strides[0] // 4, idx.ctypes,
@@ -271,11 +301,15 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
 
     def run(idx, dout, dW, db, panel):
         n, s = idx.shape
-        hp = _panel_columns(idx, dW, dout, db, panel)
+        n_in = dW.shape[0]
+        hp = _panel_columns(idx, dW, dout, db, panel, panel_scratch_size(n_in, n, s))
         if hp == 0:
             return 0
-        return panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4, idx.ctypes,
-                                     idx.strides[0] // 4, n, s, hp, db.ctypes, panel.ctypes, dW.shape[0],
+        lists = panel[max(n_in, n) * panels.PANEL:].view(np.int32)
+        order, starts, cursor = lists[:n * s], lists[n * s:n * s + n_in + 1], lists[n * s + n_in + 1:]
+        _rows_by_w1_row(idx, n_in, order, starts, cursor[:n_in])
+        return panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4,
+                                     order.ctypes, starts.ctypes, n, hp, db.ctypes, panel.ctypes, n_in,
                                      panels.PANEL)
     return run
 

@@ -2,30 +2,35 @@
 
 What this file is: two functions, compiled for this CPU with llvmlite (the object code is
 then kept on disk, like numba's cache) and bound at import as the external symbols
-`cubedqn_panel_gather` and `cubedqn_panel_scatter`, which nn.sparse_forward_panels /
+`cubedqn_panel_gather` and `cubedqn_panel_scatter_by_row`, which nn.sparse_forward_panels /
 sparse_backward_panels call from njit (cached kernels call them by name, as with blas.py's
 sgemm):
 
   gather   out (B,H) = b + sum_s W[idx[:, s]]  (then ReLU), for the columns [0, hp)
-  scatter  dW (in,H) = scatter-add of dout (B,H) rows at idx (B,S); db = column sums of
-           dout, for the columns [0, hp)
+  scatter  dW (in,H): row r = the sum of the dout (B,H) rows of the batch rows that hit r
+           (given as lists, see SCATTER_SIG); db = column sums of dout; columns [0, hp)
 
-hp is H rounded down to a multiple of PANEL (32) columns; nn.py does the rest. Both walk W
-one panel of PANEL columns at a time: the panel (in x 32 floats: 18 KB for the 2x2x2's
-144 sticker rows, 41 KB for the 3x3x3's 324) is first copied into a contiguous scratch
-buffer, then every batch row sums its S panel rows in vector registers (two batch rows
-at once: four 16-float accumulators) and stores its 32 outputs once. Why: the row-by-row
-numba kernel re-loads and re-stores each output element once per eight stickers and
-reads each W row from L2, and a panel of W read in place is in rows 1 KB or 4 KB apart,
-which map onto a few L1 sets and evict each other (column chunks without the copy ran
-slower, Design notes); the copied panel is contiguous (all of it in the 32 KB L1 at
-144 rows, most of it at 324). The scatter mirrors it: the panel of
-dW is accumulated in the scratch buffer and copied out when done, so every dW element is
-written once, zeros included (as sparse_backward writes all of dW).
+hp is H rounded down to a multiple of PANEL (32) columns; nn.py does the rest. Both walk
+one panel of PANEL columns at a time. The gather first copies W's panel (in x 32 floats:
+18 KB for the 2x2x2's 144 sticker rows, 41 KB for the 3x3x3's 324) into a contiguous
+scratch buffer, then every batch row sums its S panel rows in vector registers (two batch
+rows at once: four 16-float accumulators) and stores its 32 outputs once. Why: the
+row-by-row numba kernel re-loads and re-stores each output element once per eight
+stickers and reads each W row from L2, and a panel of W read in place is in rows 1 KB or
+4 KB apart, which map onto a few L1 sets and evict each other (column chunks without the
+copy ran slower, Design notes); the copied panel is contiguous (all of it in the 32 KB
+L1 at 144 rows, most of it at 324). The scatter is the gather turned around: it copies
+dout's panel (B x 32 floats) into the scratch and, for each W1 row (two at once), sums the
+copied rows of its batch rows in registers and stores the dW panel row once. (It first
+added every dout row into a dW panel kept in the scratch, a load and a store per
+sticker: 1.10-1.21x slower at the 2x2x2's shape, 1.66-1.73x at the 3x3x3's, one-off
+prototype timings alternating in one process, not kept.) Every dW element is written,
+zeros included (as sparse_backward writes all of dW).
 
 Summation order per output element: bias, then the stickers in index order, one add
 each: a row's result does not depend on the other rows of the batch (the target cache
-relies on that), and equals a plain sequential float32 sum.
+relies on that), and equals a plain sequential float32 sum. The scatter's: zero, then
+the batch rows in order, i.e. the sums the sequential scatter-add makes.
 
 Where LLVM cannot compile the IR for this CPU, the symbols are bound to plain Numba loops
 with the same arithmetic (`_make_fallbacks`, also the tests' second opinion) and
@@ -50,7 +55,7 @@ from numba import types
 PANEL = 32          # columns per panel
 LANES = 16          # floats per vector (two 256-bit registers where there is no AVX-512)
 ROWS = 2            # batch rows summed at once
-GATHER, SCATTER = "cubedqn_panel_gather", "cubedqn_panel_scatter"
+GATHER, SCATTER = "cubedqn_panel_gather", "cubedqn_panel_scatter_by_row"
 
 _f32p, _i32p, _i64 = types.CPointer(types.float32), types.CPointer(types.int32), types.int64
 # Both return the columns done: hp, or 0 (nothing touched) when `width`, the panel width
@@ -59,8 +64,10 @@ _f32p, _i32p, _i64 = types.CPointer(types.float32), types.CPointer(types.int32),
 # run with the wrong scratch size: the caller then falls back to its row kernels.
 # gather(out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in, width)
 GATHER_SIG = types.int64(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _i64, _f32p, _i64, _i64)
-# scatter(dout, ldd, dW, ldw, idx, lds, n, s, hp, db, panel, n_in, width)
-SCATTER_SIG = types.int64(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _f32p, _i64, _i64)
+# scatter(dout, ldd, dW, ldw, order, starts, n, hp, db, panel, n_in, width): order/starts
+# list, for each W1 row r, the batch rows that hit it: order[starts[r]:starts[r + 1]]
+# (ascending; a row hit twice is listed twice), as nn.py's counting sort builds them
+SCATTER_SIG = types.int64(_f32p, _i64, _f32p, _i64, _i32p, _i32p, _i64, _i64, _f32p, _f32p, _i64, _i64)
 gather_panels = types.ExternalFunction(GATHER, GATHER_SIG)
 scatter_panels = types.ExternalFunction(SCATTER, SCATTER_SIG)
 
@@ -183,32 +190,51 @@ def _build_gather(mod):
 def _build_scatter(mod):
     f32p, i32p = ir.FloatType().as_pointer(), ir.IntType(32).as_pointer()
     i64 = ir.IntType(64)
-    fn = ir.Function(mod, ir.FunctionType(i64, [f32p, i64, f32p, i64, i32p, i64, i64, i64, i64, f32p,
-                                                f32p, i64, i64]), name=SCATTER)
-    dout, ldd, dW, ldw, idx, lds, n, s, hp, db, panel, n_in, width = fn.args
-    for p in (dout, dW, idx, db, panel):
+    fn = ir.Function(mod, ir.FunctionType(i64, [f32p, i64, f32p, i64, i32p, i32p, i64, i64, f32p, f32p, i64,
+                                                i64]), name=SCATTER)
+    dout, ldd, dW, ldw, order, starts, n, hp, db, panel, n_in, width = fn.args
+    for p in (dout, dW, order, starts, db, panel):
         p.add_attribute("noalias")
     B = _Builder(fn)
     b, nv = B.b, PANEL // LANES
     _return_unless_width(B, fn, width)
     zero = ir.Constant(B.vec, [0.0] * LANES)
+
+    def at(ptr, k):
+        return b.sext(b.load(b.gep(ptr, [k])), i64)
+
+    def add_listed(accs, e):
+        """accs + the copied dout row order[e]"""
+        base = b.mul(at(order, e), B.const(PANEL))
+        return [b.fadd(accs[v], B.vload(panel, base, v * LANES)) for v in range(nv)]
+
+    def store(sums, r):
+        for v in range(nv):
+            B.vstore(sums[v], dW, b.mul(r, ldw), c, v * LANES)
+
     c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
-    r, _, close_r = B.loop(B.const(0), n_in, 1, "zero")
-    for v in range(nv):
-        B.vstore(zero, panel, b.mul(r, B.const(PANEL)), v * LANES)
-    close_r()
+    _copy_panel(B, dout, ldd, panel, B.const(PANEL), n, c, 0)
     i, dbs, close_i = B.loop(B.const(0), n, 1, "i", [zero] * nv)
-    d = [B.vload(dout, b.mul(i, ldd), c, v * LANES) for v in range(nv)]
-    k, _, close_k = B.loop(B.const(0), s, 1, "k")
-    row = b.sext(b.load(b.gep(idx, [b.add(b.mul(i, lds), k)])), i64)
-    base = b.mul(row, B.const(PANEL))
-    for v in range(nv):
-        B.vstore(b.fadd(B.vload(panel, base, v * LANES), d[v]), panel, base, v * LANES)
-    close_k()
-    sums = close_i([b.fadd(dbs[v], d[v]) for v in range(nv)])
+    sums = close_i([b.fadd(dbs[v], B.vload(panel, b.mul(i, B.const(PANEL)), v * LANES)) for v in range(nv)])
     for v in range(nv):
         B.vstore(sums[v], db, c, v * LANES)
-    _copy_panel(B, panel, B.const(PANEL), dW, ldw, n_in, 0, c)
+    # W1 rows two at a time (four chains of adds in flight), each summing its own list in order
+    r, _, close_r = B.loop(B.const(0), n_in, 2, "r2")
+    r1 = b.add(r, B.const(1))
+    lo0, lo1, hi1 = at(starts, r), at(starts, r1), at(starts, b.add(r, B.const(2)))
+    n0, n1 = b.sub(lo1, lo0), b.sub(hi1, lo1)
+    both = b.select(b.icmp_signed("<", n0, n1), n0, n1)
+    e, accs, close_e = B.loop(B.const(0), both, 1, "both", [zero] * (2 * nv))
+    accs = close_e(add_listed(accs[:nv], b.add(lo0, e)) + add_listed(accs[nv:], b.add(lo1, e)))
+    e, acc0, close_e = B.loop(both, n0, 1, "rest0", accs[:nv])
+    store(close_e(add_listed(acc0, b.add(lo0, e))), r)
+    e, acc1, close_e = B.loop(both, n1, 1, "rest1", accs[nv:])
+    store(close_e(add_listed(acc1, b.add(lo1, e))), r1)
+    close_r()
+    r, _, close_r = B.loop(b.mul(b.sdiv(n_in, B.const(2)), B.const(2)), n_in, 1, "last")  # n_in odd
+    e, acc, close_e = B.loop(at(starts, r), at(starts, b.add(r, B.const(1))), 1, "e", [zero] * nv)
+    store(close_e(add_listed(acc, e)), r)
+    close_r()
     close_c()
     b.ret(hp)
 
@@ -224,6 +250,7 @@ def _make_fallbacks():
     """Plain Numba versions of both functions (same arithmetic, same order, no registers
     kept across stickers): bound instead when the IR cannot be compiled here, and the
     tests' second opinion on the IR. Compiled (and cached) only when used."""
+    import numpy as np
     from numba import carray, cfunc, njit
 
     @njit(cache=True)
@@ -246,22 +273,23 @@ def _make_fallbacks():
         return hp
 
     @cfunc(SCATTER_SIG, cache=True, nopython=True)
-    def scatter_loops(dout_p, ldd, dw_p, ldw, idx_p, lds, n, s, hp, db_p, panel_p, n_in, width):
+    def scatter_loops(dout_p, ldd, dw_p, ldw, order_p, starts_p, n, hp, db_p, panel_p, n_in, width):
         if width != PANEL:
             return 0
-        dout, dw, idx = rows_of(dout_p, n, ldd, hp), rows_of(dw_p, n_in, ldw, hp), rows_of(idx_p, n, lds, s)
-        db = carray(db_p, hp)
-        for r in range(n_in):
-            for j in range(hp):
-                dw[r * ldw + j] = 0
+        dout, dw = rows_of(dout_p, n, ldd, hp), rows_of(dw_p, n_in, ldw, hp)
+        starts = carray(starts_p, n_in + 1)
+        order, db = carray(order_p, starts[n_in]), carray(db_p, hp)
         for j in range(hp):
             db[j] = 0
         for i in range(n):
             for j in range(hp):
-                d = dout[i * ldd + j]
-                db[j] += d
-                for k in range(s):
-                    dw[idx[i * lds + k] * ldw + j] += d
+                db[j] += dout[i * ldd + j]
+        for r in range(n_in):
+            for j in range(hp):
+                v = np.float32(0)
+                for e in range(starts[r], starts[r + 1]):
+                    v += dout[order[e] * ldd + j]
+                dw[r * ldw + j] = v
         return hp
 
     return gather_loops, scatter_loops

@@ -308,10 +308,9 @@ def test_panel_kernels_equal_sequential_float32_sums_bitwise(n_in, s, h, rows, r
     """Odd row counts (the two-rows-at-once tail), widths that are not a multiple of the
     panel (the columns left to nn.py), one panel; results are the plain sequential
     float32 sums exactly, and every output element is written."""
-    from cubedqn.nn import sparse_backward_panels, sparse_forward_panels
-    from cubedqn.panels import PANEL
+    from cubedqn.nn import panel_scratch_size, sparse_backward_panels, sparse_forward_panels
     W, b, idx, dout = first_layer_case(n_in + h + rows, n_in, s, h, rows)
-    panel = np.zeros(n_in * PANEL, np.float32)
+    panel = np.zeros(panel_scratch_size(n_in, rows, s), np.float32)
     out = np.full((rows, h), np.nan, np.float32)
     sparse_forward_panels(idx, W, b, out, relu, panel)
     np.testing.assert_array_equal(out, sequential_gather(idx, W, b, relu))
@@ -331,7 +330,8 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     """Row slices of wider arrays (row stride > width) give the same sums; where panels
     cover nothing (a too-small scratch, float64, fewer than PANEL columns) the result is
     the row kernels' exactly."""
-    from cubedqn.nn import sparse_backward, sparse_backward_panels, sparse_forward, sparse_forward_panels
+    from cubedqn.nn import (panel_scratch_size, sparse_backward, sparse_backward_panels, sparse_forward,
+                            sparse_forward_panels)
     from cubedqn.panels import PANEL
     n_in, s, h, rows = 48, 8, 64, 9
     W, b, idx, dout = first_layer_case(7, n_in, s, h, rows)
@@ -342,7 +342,7 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     wide_out = np.zeros((rows, h + 8), np.float32)
     idx_wide = np.zeros((rows, s + 3), np.int32)
     idx_wide[:, :s] = idx
-    scratch = np.zeros(n_in * PANEL, np.float32)
+    scratch = np.zeros(panel_scratch_size(n_in, rows, s), np.float32)
     sparse_forward_panels(idx_wide[:, :s], wide_W[:, :h], b, wide_out[:, :h], True, scratch)
     np.testing.assert_array_equal(wide_out[:, :h], want)
     dW = np.full((n_in, h + 16), np.nan, np.float32)
@@ -351,12 +351,18 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     np.testing.assert_array_equal(dW[:, :h], dW_want)
     assert np.isnan(dW[:, h:]).all()
     np.testing.assert_array_equal(db, db_want)
-    for dtype, width, panel_size in ((np.float32, h, n_in * PANEL - 1), (np.float64, h, n_in * PANEL),
-                                     (np.float32, PANEL // 2, n_in * PANEL)):
+    # too small a scratch (for the gather; for the scatter's lists only: the gather still
+    # runs panels), float64, H < PANEL
+    full = panel_scratch_size(n_in, rows, s)
+    for dtype, width, panel_size in ((np.float32, h, n_in * PANEL - 1), (np.float32, h, full - 16),
+                                     (np.float64, h, full), (np.float32, PANEL // 2, full)):
         Wd, bd, dd = W[:, :width].astype(dtype), b[:width].astype(dtype), dout[:, :width].astype(dtype)
         got, want = np.zeros((rows, width), dtype), np.zeros((rows, width), dtype)
         sparse_forward_panels(idx, Wd, bd, got, True, np.zeros(panel_size, dtype))
         sparse_forward(idx, Wd, bd, want, True)
+        if panel_size == full - 16:
+            want = sequential_gather(idx, Wd, bd, True)
+            assert not np.array_equal(want, np.zeros_like(want))
         np.testing.assert_array_equal(got, want)
         got_dW, got_db = np.full((n_in, width), np.nan, dtype), np.full(width, np.nan, dtype)
         want_dW, want_db = np.zeros((n_in, width), dtype), np.zeros(width, dtype)
@@ -369,10 +375,10 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
 def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
     """float32 workspaces of narrow sparse inputs get a panel scratch (not float64, dense
     or slot-pair inputs); a step's forward and gradients with and without it agree."""
-    from cubedqn.nn import Workspace, mlp_backward_first, mlp_backward_upper
+    from cubedqn.nn import Workspace, mlp_backward_first, mlp_backward_upper, panel_scratch_size
     from cubedqn.panels import PANEL
     cube3 = Layout(in_dim=324, n_active=54, hidden=(64, 32), n_actions=12)
-    assert Workspace(cube3, 48).panel.size == 324 * PANEL
+    assert Workspace(cube3, 48).panel.size == panel_scratch_size(324, 48, 54) >= 324 * PANEL + 48 * 54
     assert Workspace(cube3, 47).panel.size == 0      # too few rows to pay for copying W1
     assert Workspace(cube3, 48, np.float64).panel.size == 0
     assert Workspace(cube3, 48, dense_input=True).panel.size == 0
@@ -439,21 +445,28 @@ def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
     gather_loops, scatter_loops = panels._make_fallbacks()
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     gproto = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64)
-    sproto = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, i64)
+    sproto = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, ptr, i64, i64, ptr, ptr, i64, i64)
     import llvmlite.binding as llb
+
+    from cubedqn.nn import _rows_by_w1_row
     ir_gather = gproto(llb.address_of_symbol(panels.GATHER))
     ir_scatter = sproto(llb.address_of_symbol(panels.SCATTER))
-    n_in, s, h, rows = 60, 10, 64, 9
+    # 61 W1 rows: an odd count (the scatter does rows in pairs) whose last row nobody hits
+    n_in, s, h, rows = 61, 10, 64, 9
     W, b, idx, dout = first_layer_case(11, n_in, s, h, rows)
+    idx[0, 1] = idx[0, 0]  # a batch row that hits one W1 row twice adds its gradient twice
     panel = np.zeros(n_in * panels.PANEL, np.float32)
+    order, starts, cursor = np.zeros(rows * s, np.int32), np.zeros(n_in + 1, np.int32), np.zeros(n_in, np.int32)
+    _rows_by_w1_row(idx, n_in, order, starts, cursor)
+    assert starts[-1] == rows * s and starts[-2] == starts[-1]
     outs, grads = [], []
     for g, sc in ((ir_gather, ir_scatter), (gproto(gather_loops.address), sproto(scatter_loops.address))):
         out = np.full((rows, h), np.nan, np.float32)
         dW, db = np.full((n_in, h), np.nan, np.float32), np.full(h, np.nan, np.float32)
         gargs = [out.ctypes.data, h, W.ctypes.data, h, idx.ctypes.data, s, rows, s, h, b.ctypes.data, 1,
                  panel.ctypes.data, n_in]
-        sargs = [dout.ctypes.data, h, dW.ctypes.data, h, idx.ctypes.data, s, rows, s, h, db.ctypes.data,
-                 panel.ctypes.data, n_in]
+        sargs = [dout.ctypes.data, h, dW.ctypes.data, h, order.ctypes.data, starts.ctypes.data, rows, h,
+                 db.ctypes.data, panel.ctypes.data, n_in]
         # a caller compiled with another panel width gets 0 columns done and nothing written
         assert g(*gargs, panels.PANEL // 2) == 0 and sc(*sargs, panels.PANEL * 2) == 0
         assert np.isnan(out).all() and np.isnan(dW).all() and np.isnan(db).all()
@@ -464,6 +477,9 @@ def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
     np.testing.assert_array_equal(grads[0][0], grads[1][0])
     np.testing.assert_array_equal(grads[0][1], grads[1][1])
     np.testing.assert_array_equal(outs[0], sequential_gather(idx, W, b, True))
+    dW_ref, db_ref = sequential_scatter(idx, dout, n_in)
+    np.testing.assert_array_equal(grads[0][0], dW_ref)
+    np.testing.assert_array_equal(grads[0][1], db_ref)
 
 
 def test_panels_fall_back_to_plain_loops_when_the_ir_does_not_compile():
