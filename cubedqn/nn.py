@@ -316,7 +316,8 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def sparse_forward_panels(idx, W, b, out, relu, panel):
-    """sparse_forward by column panels (panels.py: float32, panel has in*PANEL floats).
+    """sparse_forward by column panels (panels.py: float32; panel: the scratch, at least
+    in*PANEL floats, panel_scratch_size for the backward too).
     The last H mod PANEL columns are summed here the same way (bias, then the stickers in
     order); when panels cover nothing (float64, no or too small a scratch, H < PANEL),
     the row kernel runs instead: so this is the sparse forward every network calls."""

@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from cubedqn import panels
-from cubedqn.nn import sparse_backward, sparse_backward_panels, sparse_forward, sparse_forward_panels
+from cubedqn.nn import (aligned_zeros, panel_scratch_size, sparse_backward, sparse_backward_panels, sparse_forward,
+                        sparse_forward_panels)
 from cubedqn.threads import limit_threads
 
 SHAPES = {"cube2": (144, 24, 256), "cube3": (324, 54, 1024)}
@@ -37,14 +38,16 @@ def main():
           f"{'rows bwd':>9s} {'panels bwd':>11s} {'x':>6s}")
     rng = np.random.default_rng(0)
     for name, (n_in, s, h) in SHAPES.items():
-        W = rng.standard_normal((n_in, h)).astype(np.float32)
-        b = rng.standard_normal(h).astype(np.float32)
-        panel = np.zeros(n_in * panels.PANEL, np.float32)
+        # buffers as the engine allocates them (aligned), the scratch a workspace of bsz rows gets
+        W, b = aligned_zeros((n_in, h), np.float32), aligned_zeros(h, np.float32)
+        W[:], b[:] = rng.standard_normal((n_in, h)), rng.standard_normal(h)
         for bsz in (int(x) for x in args.batches.split(",")):
-            idx = (np.arange(s)[None, :] * (n_in // s) + rng.integers(0, n_in // s, (bsz, s))).astype(np.int32)
-            dout = rng.standard_normal((bsz, h)).astype(np.float32)
-            out = np.zeros((bsz, h), np.float32)
-            dW, db = np.zeros_like(W), np.zeros(h, np.float32)
+            panel = aligned_zeros(panel_scratch_size(n_in, bsz, s), np.float32)
+            idx = aligned_zeros((bsz, s), np.int32)
+            idx[:] = np.arange(s)[None, :] * (n_in // s) + rng.integers(0, n_in // s, (bsz, s))
+            dout, out = aligned_zeros((bsz, h), np.float32), aligned_zeros((bsz, h), np.float32)
+            dout[:] = rng.standard_normal((bsz, h))
+            dW, db = aligned_zeros((n_in, h), np.float32), aligned_zeros(h, np.float32)
             calls = {"rows fwd": lambda: sparse_forward(idx, W, b, out, True),
                      "panels fwd": lambda: sparse_forward_panels(idx, W, b, out, True, panel),
                      "rows bwd": lambda: sparse_backward(idx, dout, dW, db),
