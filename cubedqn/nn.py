@@ -147,8 +147,10 @@ class Workspace:
         self.acts = tuple(aligned_zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
         self.deltas = tuple(aligned_zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
         self.idx = aligned_zeros((rows, layout.n_active), np.int32)
-        # scratch for one column panel of W1 (panels.py): float32 sparse inputs narrow enough
-        # for a panel to sit in or near L1 (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs).
+        # scratch for the panel kernels (panels.py; panel_scratch_size): one column panel of W1
+        # for the gather, of the batch's output gradient for the scatter, and the scatter's
+        # lists. For float32 sparse inputs narrow enough for a W1 panel to sit in or near L1
+        # (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs).
         # The panels copy all of W1 once per call, so only for workspaces whose rows gather
         # at least 8x as many W1 rows as it has (about where they broke even, forward and
         # backward, at 144 x 256 and 324 x 1024). Decided per workspace, not per call, so
