@@ -103,7 +103,7 @@ ALIGN = 64  # bytes: a cache line, one AVX-512 vector
 def aligned_zeros(shape, dtype) -> np.ndarray:
     """np.zeros whose data starts on an ALIGN-byte boundary. numpy's buffers here start 16
     or 32 bytes past one, so every 64-byte vector load from them straddles two cache
-    lines: the panel first layer ran 1.17-1.60x slower from such a scratch, 1.03-1.15x
+    lines: the panel first layer ran 1.15-1.60x slower from such a scratch, up to 1.15x
     with its other buffers so placed (`scripts/bench_alignment.py`). Parameters,
     gradients, optimizer state and workspaces are allocated here."""
     dtype = np.dtype(dtype)
