@@ -61,6 +61,10 @@ def cold_and_warm(repeats, tmp):
 
 
 def against(other, rounds, tmp):
+    if not (Path(other) / "cubedqn" / "__init__.py").is_file():
+        # PYTHONPATH would then name nothing and both runs would import this tree's cubedqn
+        print(f"bench_startup.py: error: --against {other}: no cubedqn package there", file=sys.stderr)
+        sys.exit(2)
     trees = {"other": str(Path(other).resolve()), "this": HERE}
     count = [0]
 
