@@ -376,11 +376,10 @@ def _compile():
 
 def _bind():
     """(engine or None, problem): the IR when it compiles, else the loops above."""
-    global _FALLBACKS
+    global _FALLBACKS, SOURCE
     try:
         return _compile(), None
     except Exception as e:  # an LLVM that cannot target this CPU: stay correct, be slow
-        global SOURCE
         SOURCE = "fallback"
         _FALLBACKS = _make_fallbacks()
         for name, fn in zip((GATHER, SCATTER), _FALLBACKS):
