@@ -18,8 +18,9 @@ Gradient accumulation splits the batch into k micro-batches and applies one upda
 LOMO applies each layer's update during backward, as soon as its gradient is known, with
 per-layer clipping (see optim.py) and no full gradient buffer.
 sparse_update (lazy first-layer updates) keeps the first layer's gradient zero outside the
-rows the batch touched and updates only those rows (nn.sparse_backward_rows,
-Optimizer.step_rows): what makes wide sparse inputs such as slot pairs affordable.
+rows the batch touched and updates only those rows, from a compact block of those rows'
+gradients (nn.sparse_backward_compact, Optimizer.step_rows; the gradient buffer then holds
+b1 and the layers above only): what makes wide sparse inputs such as slot pairs affordable.
 
 What it is not: acting, replay or the training loop (see dqn.py).
 """
@@ -34,7 +35,7 @@ from numba import njit
 from .cube import expand_children, solved_batch
 from .encoding import Encoder, actions_to_canonical, rows_to_canonical
 from .nn import (LOSSES, MLP, Layout, aligned_zeros, dense_backward, dueling_backward, loss_full, loss_taken,
-                 mlp_backward_first, mlp_backward_upper, sparse_backward_panels, sparse_backward_rows, views)
+                 mlp_backward_first, mlp_backward_upper, sparse_backward_compact, sparse_backward_panels, views)
 from .optim import Optimizer, add_into, polyak_update
 
 TARGETS = ("dqn", "double", "all-actions")
@@ -215,8 +216,11 @@ class Learner:
         self.n_actions = layout.n_actions
         self.online = MLP(layout, seed=seed, dtype=dtype, sparse=sparse)
         self.target = MLP(layout, params=self.online.params.copy(), dtype=dtype, sparse=sparse)
-        self.grads = aligned_zeros(layout.size if not lomo else 0, self.dtype)
-        self.gWs, self.gbs = views(self.grads, layout) if not lomo else ((), ())
+        # lazy updates keep W1's gradient as compact rows (grad_rows): the flat gradient
+        # then starts at b1 (grad_from), and gWs[0] is an empty view
+        self.grad_from = layout.tensors[0][3] if sparse_update else 0
+        self.grads = aligned_zeros(layout.size - self.grad_from if not lomo else 0, self.dtype)
+        self.gWs, self.gbs = views(self.grads, layout, self.grad_from) if not lomo else ((), ())
         self.grads_tmp = aligned_zeros(layout.size if grad_accum > 1 else 0, self.dtype)
         self.tWs, self.tbs = views(self.grads_tmp, layout) if grad_accum > 1 else ((), ())
         self.layer_slices = [(off, boff + fo) for off, fi, fo, boff in layout.tensors]
@@ -255,9 +259,13 @@ class Learner:
         self.rot_scratch = np.zeros(target_rows, np.int64)
         self.actions_c = np.zeros(micro, np.int64)      # taken actions in the canonical frame
         self.Yc = np.zeros((micro, self.n_actions), self.dtype)
-        # lazy first-layer update: the rows of W1 the last batch touched (see nn.sparse_backward_rows)
+        # lazy first-layer update: the rows of W1 the batch touched and their gradients
+        # (see nn.sparse_backward_compact)
+        max_rows = micro * layout.n_active if sparse_update else 0
         self.row_mark = np.zeros(layout.in_dim if sparse_update else 0, np.uint8)
-        self.touched = np.zeros(micro * layout.n_active if sparse_update else 0, np.int64)
+        self.row_slot = np.zeros(layout.in_dim if sparse_update else 0, np.int32)
+        self.touched = np.zeros(max_rows, np.int64)
+        self.grad_rows = aligned_zeros((max_rows, layout.widths[1]), self.dtype)
         self.n_touched = 0
         self._parts = PhaseTimer().parts  # where the parts go when no timer is given
         self.updates = 0
@@ -294,8 +302,8 @@ class Learner:
             mlp_backward_upper(on.Ws, ws.acts, ws.deltas, gW, gb, m)
             laps.lap("GEMM layers")
             if self.sparse_update:
-                self.n_touched = sparse_backward_rows(ws.idx[:m], ws.deltas[0][:m], gW[0], gb[0], self.row_mark,
-                                                      self.touched, self.n_touched)
+                self.n_touched = sparse_backward_compact(ws.idx[:m], ws.deltas[0][:m], self.grad_rows, gb[0],
+                                                         self.row_mark, self.row_slot, self.touched)
             else:
                 mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m, ws.panel)
             laps.lap("first layer")
@@ -306,9 +314,8 @@ class Learner:
             if timer:
                 timer.add("backward", t - t1)
         if self.sparse_update:
-            h1 = self.layout.widths[1]
-            self.opt.step_rows(self.online.params, self.grads, self.touched, self.n_touched, h1,
-                               self.layout.in_dim * h1)
+            self.opt.step_rows(self.online.params, self.grad_rows.reshape(-1), self.touched, self.n_touched,
+                               self.layout.widths[1], self.grads)
         elif not self.lomo:
             self.opt.step(self.online.params, self.grads)
         self.updates += 1
@@ -456,5 +463,8 @@ class Learner:
 
     @property
     def nbytes(self):
-        return self.online.params.nbytes + self.target.params.nbytes + self.grads.nbytes + \
-            self.grads_tmp.nbytes + self.opt.nbytes
+        return self.online.params.nbytes + self.target.params.nbytes + self.gradient_nbytes + self.opt.nbytes
+
+    @property
+    def gradient_nbytes(self):
+        return self.grads.nbytes + self.grads_tmp.nbytes + self.grad_rows.nbytes

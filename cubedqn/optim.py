@@ -103,39 +103,32 @@ def adam_update(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
 
 # Row-sparse ("lazy") versions for the sparse first layer: only the rows a batch touched
 # (touched[:n], each `width` long, starting at offset 0 of the flat buffer) are read and
-# updated. For SGD without weight decay this equals the dense update exactly (other rows
-# have zero gradient); momentum and Adam leave untouched rows and their moments alone
-# (TensorFlow's LazyAdam, PyTorch's SparseAdam semantics).
-
-@njit(cache=True, fastmath=True, error_model="numpy")
-def sq_norm_rows(g, touched, n, width):
-    total = 0.0
-    for k in range(n):
-        lo = touched[k] * width
-        total += sq_norm(g[lo:lo + width])
-    return total
-
+# updated, from the compact gradient g whose row k (g[k*width:(k+1)*width]) belongs to
+# row touched[k] (nn.sparse_backward_compact). For SGD without weight decay this equals
+# the dense update exactly (other rows have zero gradient); momentum and Adam leave
+# untouched rows and their moments alone (TensorFlow's LazyAdam, PyTorch's SparseAdam).
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def sgd_update_rows(p, g, touched, n, width, scale, lr, wd):
     for k in range(n):
         lo = touched[k] * width
-        sgd_update(p[lo:lo + width], g[lo:lo + width], scale, lr, wd)
+        sgd_update(p[lo:lo + width], g[k * width:(k + 1) * width], scale, lr, wd)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def momentum_update_rows(p, g, buf, touched, n, width, scale, lr, mu, nesterov, wd):
     for k in range(n):
         lo = touched[k] * width
-        momentum_update(p[lo:lo + width], g[lo:lo + width], buf[lo:lo + width], scale, lr, mu, nesterov, wd)
+        momentum_update(p[lo:lo + width], g[k * width:(k + 1) * width], buf[lo:lo + width], scale, lr, mu,
+                        nesterov, wd)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
 def adam_update_rows(p, g, m, v, touched, n, width, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
     for k in range(n):
         lo = touched[k] * width
-        adam_update(p[lo:lo + width], g[lo:lo + width], m[lo:lo + width], v[lo:lo + width], scale, lr,
-                    b1, b2, eps, bc1, bc2, wd, decoupled)
+        adam_update(p[lo:lo + width], g[k * width:(k + 1) * width], m[lo:lo + width], v[lo:lo + width], scale,
+                    lr, b1, b2, eps, bc1, bc2, wd, decoupled)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -217,30 +210,33 @@ class Optimizer:
         self.last_norm = norm
         return norm
 
-    def step_rows(self, params: np.ndarray, grads: np.ndarray, touched, n, width, dense_from) -> float:
-        """step() with a row-sparse head: only rows touched[:n] of params[:dense_from]
-        (rows of `width` values) are read and updated; params[dense_from:] densely.
+    def step_rows(self, params: np.ndarray, row_grads: np.ndarray, touched, n, width, tail_grads) -> float:
+        """step() with a row-sparse head: rows touched[:n] of the head params[:dense_from]
+        (rows of `width` values; dense_from = len(params) - len(tail_grads)) get the
+        compact gradient rows row_grads[k*width:(k+1)*width]; params[dense_from:] is
+        updated densely from tail_grads. Other head rows and their moments are not touched.
 
-        The global norm is exact because the other rows' gradients are zero (the caller's
-        invariant, see nn.sparse_backward_rows). Per-layer clipping is not supported here.
+        The global norm is exact because the other rows' gradients are zero (see
+        nn.sparse_backward_compact). Per-layer clipping is not supported here.
         """
         if self.clip == "layer":
             raise ValueError("row-sparse updates support clip = global or none, not layer")
         self.begin_step()
-        norm = math.sqrt(sq_norm_rows(grads, touched, n, width) + sq_norm(grads[dense_from:]))
+        dense_from = params.shape[0] - tail_grads.shape[0]
+        norm = math.sqrt(sq_norm(row_grads[:n * width]) + sq_norm(tail_grads))
         scale = self.clip_scale(norm)
         f = self.dtype.type
         lr, wd, sc = f(self.lr), f(self.weight_decay), f(scale)
         if self.kind == "sgd":
-            sgd_update_rows(params, grads, touched, n, width, sc, lr, wd)
+            sgd_update_rows(params, row_grads, touched, n, width, sc, lr, wd)
         elif self.kind in ("momentum", "nesterov"):
-            momentum_update_rows(params, grads, self.m, touched, n, width, sc, lr, f(self.momentum),
+            momentum_update_rows(params, row_grads, self.m, touched, n, width, sc, lr, f(self.momentum),
                                  self.kind == "nesterov", wd)
         else:
             b1, b2 = self.betas
-            adam_update_rows(params, grads, self.m, self.v, touched, n, width, sc, lr, f(b1), f(b2),
+            adam_update_rows(params, row_grads, self.m, self.v, touched, n, width, sc, lr, f(b1), f(b2),
                              f(self.eps), f(1 - b1 ** self.t), f(1 - b2 ** self.t), wd, self.kind == "adamw")
-        self._update(params, grads[dense_from:], dense_from, params.shape[0], scale)
+        self._update(params, tail_grads, dense_from, params.shape[0], scale)
         self.last_norm = norm
         return norm
 

@@ -137,7 +137,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         "peak_gflops": peak,
         "phase_parts": parts, **layers, "target_cache_hit_rate": hit_rate,
         "memory_bytes": {"parameters": int(trainer.learner.online.params.nbytes * 2),
-                         "gradients": int(trainer.learner.grads.nbytes + trainer.learner.grads_tmp.nbytes),
+                         "gradients": int(trainer.learner.gradient_nbytes),
                          "optimizer_state": int(trainer.learner.opt.nbytes),
                          "replay_buffer": int(rep.nbytes), "replay_per_transition": int(rep.nbytes_per_transition)},
         "blas": blas_info(),

@@ -489,7 +489,8 @@ def test_float32_learner_first_layer_by_panels_agrees_with_row_gather_and_lomo()
     np.testing.assert_allclose(panels.online.params, lomo.online.params, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("kw", [dict(optimizer="adam", grad_accum=2), dict(optimizer="momentum", lomo=True)])
+@pytest.mark.parametrize("kw", [dict(optimizer="adam", grad_accum=2), dict(optimizer="momentum", lomo=True),
+                                dict(optimizer="adam", sparse_update=True)])
 def test_learner_buffers_start_on_cache_lines(kw):
     """Parameters, target, gradients, optimizer moments and both workspaces come from
     nn.aligned_zeros (see scripts/bench_alignment.py for what a misaligned start costs)."""
@@ -497,6 +498,9 @@ def test_learner_buffers_start_on_cache_lines(kw):
                  Encoder(P2, 12, canonical=True), dtype=np.float32, **kw)
     bufs = [lr.online.params, lr.target.params, lr.opt.m, *lr.ws.acts, *lr.ws.deltas, *lr.ws_t.acts,
             lr.ws.idx, lr.ws_t.idx, lr.ws.panel]
-    bufs += [lr.grads, lr.grads_tmp, lr.opt.v] if kw["optimizer"] == "adam" else [lr.lomo_scratch]
+    if kw.get("sparse_update"):
+        bufs += [lr.grads, lr.grad_rows, lr.opt.v]
+    else:
+        bufs += [lr.grads, lr.grads_tmp, lr.opt.v] if kw["optimizer"] == "adam" else [lr.lomo_scratch]
     assert all(a.size for a in bufs)
     assert all(a.ctypes.data % ALIGN == 0 for a in bufs)

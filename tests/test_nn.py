@@ -202,22 +202,27 @@ def test_lr_schedules():
     assert schedule_lr("constant", 0.1, 0.0, 3, 101, progress=0.7) == 0.1
 
 
-def test_sparse_backward_rows_matches_dense_scatter_and_lists_rows():
-    from cubedqn.nn import sparse_backward, sparse_backward_rows
+def test_sparse_backward_compact_matches_dense_scatter_and_lists_rows():
+    """Compact rows equal the dense scatter's rows bitwise (same order of adds), the rows
+    are listed distinct and ascending, and nothing is left behind between calls."""
+    from cubedqn.nn import sparse_backward, sparse_backward_compact
     rng = np.random.default_rng(0)
     in_dim, h = 50, 6
-    dW, db = np.zeros((in_dim, h)), np.zeros(h)
-    dW_ref, db_ref = np.zeros((in_dim, h)), np.zeros(h)
-    mark, touched, n = np.zeros(in_dim, np.uint8), np.zeros(8 * 3, np.int64), 0
-    for _ in range(3):  # the previous call's rows must be cleared
+    G, db = np.full((8 * 3, h), np.nan), np.zeros(h)  # stale rows must not leak in
+    mark, slot, touched = np.zeros(in_dim, np.uint8), np.zeros(in_dim, np.int32), np.zeros(8 * 3, np.int64)
+    for trial in range(4):
         idx = rng.integers(0, in_dim, (8, 3)).astype(np.int32)
+        if trial == 3:
+            idx[:] = 7  # one row hit by every sticker of every batch row
         dout = rng.normal(size=(8, h))
-        n = sparse_backward_rows(idx, dout, dW, db, mark, touched, n)
+        n = sparse_backward_compact(idx, dout, G, db, mark, slot, touched)
+        dW_ref, db_ref = np.zeros((in_dim, h)), np.zeros(h)
         sparse_backward(idx, dout, dW_ref, db_ref)
-        np.testing.assert_array_equal(dW, dW_ref)
-        np.testing.assert_array_equal(db, db_ref)
         assert touched[:n].tolist() == sorted(set(idx.ravel().tolist()))  # distinct, ascending
+        np.testing.assert_array_equal(G[:n], dW_ref[touched[:n]])
+        np.testing.assert_array_equal(db, db_ref)
         assert not mark.any()
+        assert not np.delete(dW_ref, touched[:n], axis=0).any()  # the rows not listed have no gradient
 
 
 @pytest.mark.parametrize("kind", ["sgd", "momentum", "adam", "adamw"])
@@ -240,7 +245,8 @@ def test_row_sparse_update_is_lazy_version_of_dense(kind):
             g[r * width:(r + 1) * width] = rng.normal(0, 2, width)
         g[dense_from:] = rng.normal(0, 2, layout.size - dense_from)
         before, m_before = p.copy(), opt.m.copy()
-        norm = opt.step_rows(p, g, rows.astype(np.int64), len(rows), width, dense_from)
+        compact = np.concatenate([g[r * width:(r + 1) * width] for r in rows] + [np.full(width, np.nan)])
+        norm = opt.step_rows(p, compact, rows.astype(np.int64), len(rows), width, g[dense_from:])
         assert norm == pytest.approx(np.sqrt((g ** 2).sum()), rel=1e-12)  # clipping sees the full norm
         if kind == "sgd":
             opt_dense.step(p_dense, g)
@@ -253,7 +259,22 @@ def test_row_sparse_update_is_lazy_version_of_dense(kind):
         assert not np.array_equal(p[dense_from:], before[dense_from:])
     with pytest.raises(ValueError, match="layer"):
         Optimizer("sgd", layout.size, np.float64, layer_slices(layout), clip="layer").step_rows(
-            p, g, rows.astype(np.int64), len(rows), width, dense_from)
+            p, compact, rows.astype(np.int64), len(rows), width, g[dense_from:])
+
+
+def test_views_of_a_buffer_that_starts_at_the_first_bias():
+    """The lazy first layer's gradient buffer holds b1 onwards: its views are the full
+    buffer's views from b1 on (W1 an empty view); no other start is accepted."""
+    layout = Layout(in_dim=40, n_active=3, hidden=(5, 4), n_actions=3)
+    full = np.arange(layout.size, dtype=np.float64)
+    start = layout.tensors[0][3]
+    Ws, bs = views(full, layout)
+    tWs, tbs = views(full[start:].copy(), layout, start)
+    assert tWs[0].shape == (0, 5)
+    for a, b in zip(Ws[1:] + bs, tWs[1:] + tbs):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="bias"):
+        views(full[start + 1:], layout, start + 1)
 
 
 def test_learner_sparse_update_equals_dense_for_sgd():

@@ -47,8 +47,9 @@ def sq_norm(g, out):
 
 
 # One thread per updated element. Thread k < n_rows * width updates element k % width of
-# row touched[k // width] of the first layer (lazy updates, mirroring optim.*_update_rows);
-# the others update params[dense_from:]. A dense step is n_rows = 0, dense_from = 0.
+# row touched[k // width] of the first layer (lazy updates, as optim.*_update_rows; the
+# gradient here is the full flat one, not compact rows); the others update
+# params[dense_from:]. A dense step is n_rows = 0, dense_from = 0.
 
 @cuda.jit(device=True)
 def _element(k, touched, n_rows, width, dense_from):
