@@ -8,6 +8,13 @@ update (0.9). cubedqn uses its sparse first layer (sticker indices); the peers g
 dense one-hot float input they would use. A "cubedqn dense" row runs the engine with the
 dense first layer too. Prints medians, ratios to cubedqn, and the BLAS kernel in use.
 
+Then, per shape, the bound the performance issue asks for: the step's GEMMs (their FLOPs
+over the sgemm peak measured in this process) against the time each target ratio allows
+(the peer's median over the ratio), and what is left for the rest of cubedqn's step
+(encode, first layer, loss, optimizer, Python) against what the rest takes now (the
+step timed once more with its own PhaseTimer, minus its GEMM layers; the timer adds a few
+us, and the host's speed may differ from the medians' moment: both are printed).
+
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_peers.py
 """
 
@@ -228,6 +235,43 @@ def gemm_floor(layout, batch, reps=200):
     return total, flops
 
 
+def gemm_share_in_step(learner, batch, steps):
+    """ms per step of the GEMM layers (forward + backward parts, the step's own PhaseTimer)
+    and of the whole timed step, over `steps` steps of the engine."""
+    from cubedqn.learner import PhaseTimer
+    timer = PhaseTimer()
+    t = time.perf_counter()
+    for _ in range(steps):
+        learner.train_step(batch, timer)
+    wall = (time.perf_counter() - t) / steps
+    gemm = (timer.parts["forward"]["GEMM layers"] + timer.parts["backward"]["GEMM layers"]) / steps
+    return gemm * 1e3, wall * 1e3
+
+
+# the performance issue's targets: (peer, how many times faster cubedqn's step should be)
+TARGETS = {"cube2": (("jax jit", 2.0), ("pytorch eager", 4.0)), "cube3": (("jax jit", 1.5), ("pytorch eager", 3.0))}
+
+
+def budget_lines(shape, med, g_flops, peak, rest_now):
+    """For each target: the step time it allows, what the step's GEMMs take at the sgemm
+    peak, and what that leaves for everything else against what the rest takes now."""
+    at_peak = g_flops / peak / 1e6
+    out = []
+    for peer, factor in TARGETS[shape]:
+        if peer not in med:
+            continue
+        allowed = med[peer] * 1e3 / factor
+        left = allowed - at_peak
+        if left <= 0:
+            verdict = "out of reach: the GEMMs alone, at 100% of the peak, take longer"
+        else:
+            verdict = (f"leaves {left:.3f} ms for the rest of the step, which takes {rest_now:.3f} ms now "
+                       f"({rest_now / left:.2f}x that budget)")
+        out.append(f"target {factor:g}x {peer}: {allowed:.3f} ms/step allowed; GEMMs at peak {at_peak:.3f} ms; "
+                   f"{verdict}")
+    return out
+
+
 def blas_kernel():
     from cubedqn.profiling import blas_info
     b = blas_info()
@@ -298,6 +342,12 @@ def main():
         print(f"the step's GEMMs (layers 1..L-1, {g_flops / 1e6:.1f} MFLOP): {g_s * 1e3:.3f} ms when each is timed "
               f"hot on its own ({g_flops / g_s / 1e9:.1f} GFLOP/s), {g_flops / peak / 1e6:.3f} ms at the "
               f"{peak:.1f} GFLOP/s sgemm peak (n = 1024) measured now")
+        gemm_step, timed = gemm_share_in_step(lr, batch, max(20, args.reps * inner // 4))
+        rest = timed - gemm_step
+        print(f"cubedqn's step timed again by its own PhaseTimer: {timed:.3f} ms/step, of it the GEMM layers "
+              f"{gemm_step:.3f} ms ({g_flops / gemm_step / 1e6:.1f} GFLOP/s) and the rest {rest:.3f} ms")
+        for line in budget_lines(shape, med, g_flops, peak, rest):
+            print(line)
 
 
 if __name__ == "__main__":
