@@ -9,11 +9,13 @@ dense one-hot float input they would use. A "cubedqn dense" row runs the engine 
 dense first layer too. Prints medians, ratios to cubedqn, and the BLAS kernel in use.
 
 Then, per shape, the bound the performance issue asks for: the step's GEMMs (their FLOPs
-over the sgemm peak measured in this process) against the time each target ratio allows
-(the peer's median over the ratio), and what is left for the rest of cubedqn's step
-(encode, first layer, loss, optimizer, Python) against what the rest takes now (the
-step timed once more with its own PhaseTimer, minus its GEMM layers; the timer adds a few
-us, and the host's speed may differ from the medians' moment: both are printed).
+over the sgemm peak measured in this process, the higher of a reading before and one after
+the shape's timings) against the time each target ratio allows
+(the peer's median over the ratio), as the rate the GEMMs would need to fit in it with
+the rest of cubedqn's step (encode, first layer, loss, optimizer, Python) as it is now,
+and with the rest at zero. The rest: the step timed once more with its own PhaseTimer,
+minus its GEMM layers (the timer adds a few us). The host's speed changes within a run:
+the medians, the peak and the timed step are different moments, all printed.
 
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_peers.py
 """
@@ -252,23 +254,27 @@ def gemm_share_in_step(learner, batch, steps):
 TARGETS = {"cube2": (("jax jit", 2.0), ("pytorch eager", 4.0)), "cube3": (("jax jit", 1.5), ("pytorch eager", 3.0))}
 
 
-def budget_lines(shape, med, g_flops, peak, rest_now):
-    """For each target: the step time it allows, what the step's GEMMs take at the sgemm
-    peak, and what that leaves for everything else against what the rest takes now."""
-    at_peak = g_flops / peak / 1e6
+def budget_lines(shape, med, g_flops, peak, rest_now, peer_flops):
+    """For each target: the step time it allows, and the rate the step's GEMMs would need
+    to fit in it with the rest of the step as it is now and with the rest at zero, against
+    the sgemm peak."""
     out = []
     for peer, factor in TARGETS[shape]:
         if peer not in med:
             continue
         allowed = med[peer] * 1e3 / factor
-        left = allowed - at_peak
-        if left <= 0:
-            verdict = "out of reach: the GEMMs alone, at 100% of the peak, take longer"
+        need_zero = g_flops / allowed / 1e6
+        if allowed > rest_now:
+            need = g_flops / (allowed - rest_now) / 1e6
+            with_rest = f"{need:.1f} GFLOP/s ({need / peak:.0%} of the peak) with the rest as now, "
         else:
-            verdict = (f"leaves {left:.3f} ms for the rest of the step, which takes {rest_now:.3f} ms now "
-                       f"({rest_now / left:.2f}x that budget)")
-        out.append(f"target {factor:g}x {peer}: {allowed:.3f} ms/step allowed; GEMMs at peak {at_peak:.3f} ms; "
-                   f"{verdict}")
+            with_rest = "more than any rate with the rest as now (it alone takes longer), "
+        verdict = "; out of reach: above the peak even with the rest at zero" if need_zero > peak else ""
+        own = peer_flops / med[peer] / 1e9  # the peer's whole step, its dense first layer included
+        out.append(f"target {factor:g}x {peer}: {allowed:.3f} ms/step allowed; the GEMMs would need {with_rest}"
+                   f"{need_zero:.1f} GFLOP/s ({need_zero / peak:.0%}) with the rest at zero{verdict}; "
+                   f"the latter is {need_zero / own:.2f}x the rate the peer reached over its own step "
+                   f"({own:.1f} GFLOP/s, timed alongside)")
     return out
 
 
@@ -308,7 +314,9 @@ def main():
     limit_threads(1)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     print(f"BLAS: {blas_kernel()}; CPUs allowed: {cpus}")
+    from cubedqn.profiling import peak_gflops
     for shape in args.shapes.split(","):
+        peak_before = peak_gflops()
         pname, hidden, bsz = SHAPES[shape]
         puzzle = get_puzzle(pname)
         layout = Layout(puzzle.n_stickers * 6, puzzle.n_stickers, hidden, 12)
@@ -336,18 +344,23 @@ def main():
             print(f"{name:<16s} {t * 1e3:>9.3f} {60 / t:>10.0f} {flops / t / 1e9:>14.1f} {t / base:>10.2f}x")
         if skipped:
             print(f"skipped (not installed): {', '.join(skipped)}")
-        from cubedqn.profiling import peak_gflops
-        peak = peak_gflops()
+        # read before and after the timings; the host's speed changes within a run, and the
+        # higher reading is the machine's rate (a low one would understate the bound)
+        peak = max(peak_before, peak_gflops())
         g_s, g_flops = gemm_floor(layout, bsz)
         print(f"the step's GEMMs (layers 1..L-1, {g_flops / 1e6:.1f} MFLOP): {g_s * 1e3:.3f} ms when each is timed "
               f"hot on its own ({g_flops / g_s / 1e9:.1f} GFLOP/s), {g_flops / peak / 1e6:.3f} ms at the "
-              f"{peak:.1f} GFLOP/s sgemm peak (n = 1024) measured now")
+              f"{peak:.1f} GFLOP/s sgemm peak (n = 1024; the higher of two readings, before and after this shape)")
         gemm_step, timed = gemm_share_in_step(lr, batch, max(20, args.reps * inner // 4))
         rest = timed - gemm_step
         print(f"cubedqn's step timed again by its own PhaseTimer: {timed:.3f} ms/step, of it the GEMM layers "
               f"{gemm_step:.3f} ms ({g_flops / gemm_step / 1e6:.1f} GFLOP/s) and the rest {rest:.3f} ms")
-        for line in budget_lines(shape, med, g_flops, peak, rest):
-            print(line)
+        if min(gemm_step, med["cubedqn"] * 1e3) < g_flops / peak / 1e6:
+            print(f"(no bound this time: cubedqn's step or its GEMM layers ran faster than the {peak:.1f} GFLOP/s "
+                  f"peak allows, so the host was slower whenever the peak was read)")
+        else:
+            for line in budget_lines(shape, med, g_flops, peak, rest, flops):
+                print(line)
 
 
 if __name__ == "__main__":
