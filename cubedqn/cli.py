@@ -103,6 +103,8 @@ HELP = {
     "lomo": "update each layer during backward (LOMO)",
     "sparse_update": "update only the first-layer rows of inputs present in the batch (lazy Adam/momentum)",
     "target_cache": "all-actions on cube2: reuse the target net's value of children seen since its last copy",
+    "tune_blas_threads": "with --threads T > 1: every 2,000 steps time the loop with T BLAS threads and with one, "
+                         "and keep the faster (same results either way)",
     "log_interval": "gradient steps between log lines",
     "checkpoint_interval": "gradient steps between checkpoints (0: end only)",
     "save_replay": "save replay buffer and envs with checkpoints (exact resume)",
@@ -243,9 +245,11 @@ def make_trainer(cfg, device, resume=None):
 @click.option("--device", default=None, help="cpu, cuda or auto")
 @click.option("--sparse-update/--no-sparse-update", default=None,
               help="lazy first-layer updates (the 2x2x2 presets use them; CUDA needs --no-sparse-update)")
+@click.option("--tune-blas-threads/--no-tune-blas-threads", default=None,
+              help="with --threads T > 1: keep T or 1 BLAS threads, whichever runs faster (default: on)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def profile_cmd(profile, puzzle, hidden, input_encoding, batch_size, targets, optimizer, steps, warmup, threads,
-                device, sparse_update, as_json):
+                device, sparse_update, tune_blas_threads, as_json):
     """Time the training loop and print where every millisecond of a step goes.
 
     Phases (env, act, replay, sample, forward, backward, optimizer, ...), the forward and
@@ -257,7 +261,8 @@ def profile_cmd(profile, puzzle, hidden, input_encoding, batch_size, targets, op
     if steps <= 0 or warmup < 0:
         raise UserError("--steps must be positive and --warmup >= 0")
     over = dict(puzzle=puzzle, hidden=hidden, input_encoding=input_encoding, batch_size=batch_size,
-                targets=targets, optimizer=optimizer, threads=threads, device=device, sparse_update=sparse_update)
+                targets=targets, optimizer=optimizer, threads=threads, device=device, sparse_update=sparse_update,
+                tune_blas_threads=tune_blas_threads)
     cfg = build_config(profile or (None if puzzle else "cube2"), over)
     dev = resolve_device(cfg.device)
     with limit_threads(cfg.threads):

@@ -44,6 +44,7 @@ from .optim import all_finite
 from .replay import Batch, ReplayBuffer
 from .rng import make_rng, rng_from_list, rng_to_list
 from .search import greedy_solve
+from .threads import BlasThreadTuner
 
 
 class TrainingDiverged(RuntimeError):
@@ -75,6 +76,7 @@ def eval_states(puzzle, n_actions, depth, n, seed):
 
 class Trainer:
     learner_class = Learner  # the CUDA trainer swaps in its device-resident learner
+    tunes_blas = True        # --threads > 1 may pick 1 BLAS thread where it runs faster (threads.py)
 
     def __init__(self, cfg: Config):
         self.cfg = cfg = validate(cfg)
@@ -105,6 +107,8 @@ class Trainer:
         self.act_q = np.zeros((cfg.n_envs, self.n_actions), self.learner.dtype)
         self.policy = Policy(self.learner.online, self.encoder)
         self.timer = PhaseTimer()
+        self.blas_tuner = BlasThreadTuner(cfg.threads) \
+            if self.tunes_blas and cfg.tune_blas_threads and cfg.threads > 1 else None
         self.grad_steps = self.env_steps = self.vec_steps = self.episodes = self.solved_episodes = 0
         self.pending = 0
         self.depth = cfg.curriculum_start if cfg.curriculum == "adaptive" else cfg.depth_max
@@ -226,19 +230,26 @@ class Trainer:
             if self._budget is not None:
                 self.saved_progress = self.progress()
                 self._budget = None
+            if self.blas_tuner is not None:
+                self.blas_tuner.pause()
         return self
 
     def _loop(self, target, deadline, learn_after, run_dir, metrics, on_log):
-        c = self.cfg
+        c, clock, tuner = self.cfg, time.perf_counter, self.blas_tuner
         # Each pass does one env iteration or one gradient step, so a run stopped between any
         # two gradient steps (and checkpointed, `pending` included) resumes exactly.
-        while self.grad_steps < target and time.perf_counter() < deadline and not self.interrupted:
+        while self.grad_steps < target and clock() < deadline and not self.interrupted:
+            t0 = clock()
             if self.pending == 0:
                 self.env_iteration()
+                if tuner is not None:
+                    tuner.spent(clock() - t0)
                 if self.replay.size >= learn_after and self.vec_steps % c.train_freq == 0:
                     self.pending = c.gradient_steps
                 continue
             self.gradient_step()
+            if tuner is not None:
+                tuner.step_done(clock() - t0)
             self.pending -= 1
             if self.grad_steps % c.eval_interval == 0:
                 self.evaluate_curriculum()
@@ -260,6 +271,7 @@ class Trainer:
             "lr": self.learner.opt.lr, "grad_norm": self.learner.opt.last_norm,
             "episodes": self.episodes, "solved_episodes": self.solved_episodes,
             "phases_ms": {k: v / max(steps, 1) * 1e3 for k, v in self.timer.total.items()},
+            "blas_threads": self.blas_tuner.current if self.blas_tuner is not None else self.cfg.threads,
         }
         if self.learner.target_cache:  # share of children's values reused so far in this process
             rec["target_cache_hit_rate"] = self.learner.target_cache_hit_rate

@@ -142,6 +142,11 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
                          "replay_buffer": int(rep.nbytes), "replay_per_transition": int(rep.nbytes_per_transition)},
         "blas": blas_info(),
         "first_layer": "cuda" if device == "cuda" else first_layer_kernel(learner.online, learner.ws),
+        # threads > 1: the BLAS thread count the tuner kept at the end, and its last probe's
+        # loop seconds per gradient step at each count (threads.BlasThreadTuner)
+        "blas_threads": trainer.blas_tuner.current if trainer.blas_tuner is not None else cfg.threads,
+        "blas_probe": ({str(k): v for k, v in trainer.blas_tuner.last_probe.items()}
+                       if trainer.blas_tuner is not None and trainer.blas_tuner.last_probe else None),
     }
 
 
@@ -185,6 +190,10 @@ def format_report(r: dict) -> str:
     b = r["blas"]
     lines.append(f"BLAS: {b['library']} {b['version']} ({b.get('source', 'scipy')}'s) kernel {b['kernel']}, "
                  f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
+    if r.get("blas_probe"):
+        probe = ", ".join(f"{k} thread(s) {v * 1e3:.3f} ms" for k, v in r["blas_probe"].items())
+        lines.append(f"BLAS thread tuning (tune_blas_threads): kept {r['blas_threads']} thread(s); its last "
+                     f"probe, loop time per gradient step (env iterations included): {probe}")
     if r.get("first_layer"):
         lines.append(f"first layer: {r['first_layer']} (panels: column panels in LLVM IR, see cubedqn/panels.py; "
                      f"rows: the row gather)")

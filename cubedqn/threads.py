@@ -18,3 +18,98 @@ def limit_threads(threads: int):
     from threadpoolctl import threadpool_limits
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     return threadpool_limits(limits=threads, user_api="blas")
+
+
+_CONTROLLER = None
+
+
+def set_blas_threads(threads: int):
+    """Set every loaded BLAS to `threads` threads (numba's untouched); ~30 us a call once the
+    libraries have been listed (listing them, at the first call, takes ~1.5 ms)."""
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        from threadpoolctl import ThreadpoolController
+        _CONTROLLER = ThreadpoolController()
+    _CONTROLLER.limit(limits=threads, user_api="blas")
+
+
+class BlasThreadTuner:
+    """Training with --threads T > 1: keeps the BLAS at whichever of T threads and one ran
+    the training loop faster in the last probe, so that T threads are not much slower than
+    one when the other cores are busy. Measured on this 2-vCPU host with a process
+    spinning on its second CPU (`runs/perf10/tune-busy`, the 144-256-256-12 loop, medians of
+    3 alternating runs): two fixed BLAS threads ran at 0.37x the speed of one, tuned at 0.85x;
+    without the spinner (`tune-quiet`) 1.28x and 1.33x (it kept two threads).
+
+    A probe times four blocks at T, 1, 1 and T BLAS threads (ABBA: a steady drift in the
+    host's speed cancels); a block lasts at least `block_seconds` of loop time and
+    `min_steps` gradient steps. Then it keeps one thread only if that ran at least
+    `margin` faster per gradient step (short probes on a noisy host err, and an error is
+    cheaper towards the count asked for), and probes again after `interval_seconds` of
+    loop time; the first probe starts at the first gradient step. The trainer reports the
+    time of each env iteration (`spent`) and gradient step (`step_done`), so evaluation,
+    logging and checkpoints are not counted. The choice does not change results: OpenBLAS
+    splits a product's rows and columns between threads, not its sums (a training run
+    switching between one and two threads came out bitwise equal to a one-thread run,
+    tested).
+    """
+
+    def __init__(self, threads: int, interval_seconds: float = 30.0, block_seconds: float = 0.1,
+                 min_steps: int = 4, margin: float = 0.05, set_threads=set_blas_threads):
+        if threads < 2 or min_steps < 1 or block_seconds < 0 or interval_seconds < 0:
+            raise ValueError("the tuner needs threads >= 2, min_steps >= 1 and non-negative times")
+        self.threads, self.interval, self.block, self.min_steps = threads, interval_seconds, block_seconds, min_steps
+        self.margin, self.set_threads = margin, set_threads
+        self.schedule = (threads, 1, 1, threads)
+        self.current = threads          # the BLAS thread count in use outside probes
+        self.phase = -1                 # index into schedule while probing, else -1
+        self.since = interval_seconds   # loop time since the last probe ended
+        self.steps, self.elapsed = 0, 0.0
+        self.totals = {threads: [0.0, 0], 1: [0.0, 0]}  # seconds, gradient steps
+        self.probes = 0
+        self.last_probe = None          # {threads: seconds per gradient step} of the last probe
+
+    def spent(self, seconds: float):
+        """Time of an env iteration (or any training work between gradient steps)."""
+        if self.phase >= 0:
+            self.elapsed += seconds
+        else:
+            self.since += seconds
+
+    def step_done(self, seconds: float):
+        """One gradient step took `seconds`; may switch the BLAS thread count."""
+        if self.phase < 0:
+            self.since += seconds
+            if self.since >= self.interval:
+                self._begin_block(0)
+            return
+        self.elapsed += seconds
+        self.steps += 1
+        if self.steps < self.min_steps or self.elapsed < self.block:
+            return
+        total = self.totals[self.schedule[self.phase]]
+        total[0] += self.elapsed
+        total[1] += self.steps
+        if self.phase + 1 < len(self.schedule):
+            self._begin_block(self.phase + 1)
+            return
+        per_step = {n: t / k for n, (t, k) in self.totals.items()}
+        self.last_probe = per_step
+        best = 1 if per_step[1] < (1.0 - self.margin) * per_step[self.threads] else self.threads
+        self.set_threads(best)
+        self.current, self.phase, self.since = best, -1, 0.0
+        self.totals = {self.threads: [0.0, 0], 1: [0.0, 0]}
+        self.probes += 1
+
+    def _begin_block(self, phase):
+        self.phase, self.steps, self.elapsed = phase, 0, 0.0
+        self.set_threads(self.schedule[phase])
+
+    def pause(self):
+        """Leave the loop (end of a run): an unfinished probe is dropped, the BLAS goes back
+        to the count in use, and the next run probes at its first gradient step."""
+        if self.phase >= 0:
+            self.set_threads(self.current)
+            self.phase = -1
+            self.totals = {self.threads: [0.0, 0], 1: [0.0, 0]}
+        self.since = self.interval

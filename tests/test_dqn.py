@@ -504,3 +504,71 @@ def test_learner_buffers_start_on_cache_lines(kw):
         bufs += [lr.grads, lr.grads_tmp, lr.opt.v] if kw["optimizer"] == "adam" else [lr.lomo_scratch]
     assert all(a.size for a in bufs)
     assert all(a.ctypes.data % ALIGN == 0 for a in bufs)
+
+
+# -- BLAS thread tuning (threads.BlasThreadTuner) ----------------------------------------------
+
+def run_tuner(tuner, step_seconds, steps):
+    """Feed the tuner `steps` gradient steps (each after an env iteration) whose durations
+    depend on the BLAS count in use; returns the counts it set, in order."""
+    calls = []
+    tuner.set_threads = lambda n: calls.append(n) or setattr(tuner, "_in_use", n)
+    tuner._in_use = getattr(tuner, "_in_use", tuner.threads)
+    for _ in range(steps):
+        tuner.spent(0.5 * step_seconds[tuner._in_use])  # an env iteration
+        tuner.step_done(step_seconds[tuner._in_use])
+    return calls
+
+
+@pytest.mark.parametrize("one_is_faster", [True, False])
+def test_blas_tuner_probes_abba_and_keeps_the_faster_count(one_is_faster):
+    from cubedqn.threads import BlasThreadTuner
+    tuner = BlasThreadTuner(2, interval_seconds=60.0, block_seconds=5.0, min_steps=2)
+    times = {1: 1.0, 2: 2.0} if one_is_faster else {1: 2.0, 2: 1.0}
+    # the first step starts the probe; a block is 5 s and >= 2 steps: 4 steps at 1.5 s, 2 at 3 s
+    steps = 1 + sum(2 if times[n] == 2.0 else 4 for n in (2, 1, 1, 2))
+    calls = run_tuner(tuner, times, steps)
+    best = 1 if one_is_faster else 2
+    assert calls == [2, 1, 1, 2, best] and tuner.current == best and tuner.probes == 1
+    assert tuner.last_probe == {2: 1.5 * times[2], 1: 1.5 * times[1]}  # loop seconds per gradient step
+    quiet = int(60.0 / (1.5 * times[best]))
+    assert run_tuner(tuner, times, quiet - 1) == [] and tuner.current == best  # under 60 s of loop time
+    assert run_tuner(tuner, times, 1 + steps)[:4] == [2, 1, 1, 2]  # then the next probe
+    assert tuner.probes == 2
+
+
+def test_blas_tuner_needs_a_margin_to_leave_the_requested_count_and_pause_restores_it():
+    from cubedqn.threads import BlasThreadTuner
+    tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=3)
+    assert run_tuner(tuner, {1: 0.97, 2: 1.0}, 13)[-1] == 2 and tuner.current == 2  # 3% faster: not enough
+    tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=3)
+    assert run_tuner(tuner, {1: 0.90, 2: 1.0}, 13)[-1] == 1 and tuner.current == 1  # 10% faster
+    tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=3)
+    calls = run_tuner(tuner, {1: 1.0, 2: 3.0}, 6)  # stopped inside the probe's second block
+    tuner.pause()
+    assert calls == [2, 1, 2] and tuner._in_use == 2 and tuner.phase == -1 and tuner.probes == 0
+    assert run_tuner(tuner, {1: 1.0, 2: 3.0}, 13) == [2, 1, 1, 2, 1]  # the next run probes at once
+    with pytest.raises(ValueError, match="threads >= 2"):
+        BlasThreadTuner(1)
+
+
+def test_training_with_blas_thread_switches_equals_one_thread_bitwise():
+    """Probes switch the BLAS between 2 threads and 1 many times; the run's parameters are
+    the same bits as a one-thread run's (OpenBLAS splits rows and columns, not sums)."""
+    from cubedqn.threads import BlasThreadTuner, limit_threads, set_blas_threads
+    base = dict(puzzle="cube2", hidden=(256, 256), n_envs=16, batch_size=64, learning_starts=64,
+                buffer_size=2000, steps=60, optimizer="adam", targets="double", input_encoding="stickers", seed=5)
+    try:
+        limit_threads(1)
+        one = Trainer(Config(**base, threads=1)).run()
+        limit_threads(2)
+        tuned = Trainer(Config(**base, threads=2))
+        used = []
+        tuned.blas_tuner = BlasThreadTuner(2, interval_seconds=0.0, block_seconds=0.0, min_steps=2,
+                                           set_threads=lambda n: used.append(n) or set_blas_threads(n))
+        tuned.run()
+    finally:
+        limit_threads(1)
+    assert {1, 2} <= set(used) and tuned.blas_tuner.probes >= 3
+    assert tuned.learner.updates == one.learner.updates == 60
+    np.testing.assert_array_equal(tuned.learner.online.params, one.learner.online.params)

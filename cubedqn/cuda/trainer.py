@@ -13,6 +13,7 @@ from .learner import CudaLearner
 
 class CudaTrainer(Trainer):
     learner_class = CudaLearner
+    tunes_blas = False  # its GEMMs run on the GPU
 
     def env_iteration(self):
         self.learner.sync_host()
