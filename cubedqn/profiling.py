@@ -110,6 +110,9 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     t0 = time.perf_counter()
     trainer.run(max_steps=warmup + steps)
     wall = time.perf_counter() - t0
+    if trainer.blas_tuner is not None:  # the peak and the BLAS info at the thread count asked for
+        from .threads import set_blas_threads
+        set_blas_threads(cfg.threads)
     # measured before and after the timed steps: on a shared host one reading can land in a
     # slow second; the higher one is the machine's rate (the one the percentages are against)
     peak = max(peak_before, peak_gflops(dtype))

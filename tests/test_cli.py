@@ -199,6 +199,19 @@ def test_profile_json_contract():
     assert d["first_layer"] == "rows" and "first layer: rows" in text  # 16 wide: no panels
 
 
+def test_profile_reports_the_blas_thread_tuning():
+    """--threads 2 probes 2 against 1 BLAS threads and says what it kept; the probe's
+    numbers are loop seconds per gradient step at each count. Off, nothing is probed."""
+    base = ["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--warmup", "0",
+            "--threads", "2", "--json"]
+    d = json.loads(run(base + ["--steps", "1500"]).output)
+    assert d["blas_threads"] in (1, 2) and set(d["blas_probe"]) == {"1", "2"}
+    assert all(0 < v < 1 for v in d["blas_probe"].values())
+    assert d["blas"]["threads"] == 2  # the peak and BLAS info are read at the count asked for
+    off = json.loads(run(base + ["--steps", "50", "--no-tune-blas-threads"]).output)
+    assert off["blas_threads"] == 2 and off["blas_probe"] is None
+
+
 def test_profile_names_the_first_layer_kernel():
     from cubedqn.nn import MLP, Layout
     from cubedqn.profiling import first_layer_kernel
