@@ -103,8 +103,8 @@ HELP = {
     "lomo": "update each layer during backward (LOMO)",
     "sparse_update": "update only the first-layer rows of inputs present in the batch (lazy Adam/momentum)",
     "target_cache": "all-actions on cube2: reuse the target net's value of children seen since its last copy",
-    "tune_blas_threads": "with --threads T > 1: every 2,000 steps time the loop with T BLAS threads and with one, "
-                         "and keep the faster (same results either way)",
+    "tune_blas_threads": "with --threads T > 1: at the start and every 30 s of training, time the loop with T BLAS "
+                         "threads and with one; keep one only if it is 5% faster (same results either way)",
     "log_interval": "gradient steps between log lines",
     "checkpoint_interval": "gradient steps between checkpoints (0: end only)",
     "save_replay": "save replay buffer and envs with checkpoints (exact resume)",
