@@ -159,13 +159,15 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     overrides = dict(hp, puzzle=puzzle, steps=steps, minutes=minutes, seed=seed, threads=threads, device=device)
     if resume:
         from .dqn import load_config
+        tune = hp.pop("tune_blas_threads")  # run control, like --threads: results do not depend on it
         fixed = [k for k, v in dict(hp, profile=profile, puzzle=puzzle, seed=seed, device=device, out=out).items()
                  if v is not None]
         if fixed:
             raise UserError(f"--resume continues a run with its saved config; --{fixed[0].replace('_', '-')} "
-                            "cannot change (only --steps, --minutes and --threads can)")
+                            "cannot change (only --steps, --minutes, --threads and --[no-]tune-blas-threads can)")
         run_dir = Path(resume)
-        extend = {k: v for k, v in (("steps", steps), ("minutes", minutes), ("threads", threads)) if v is not None}
+        extend = {k: v for k, v in (("steps", steps), ("minutes", minutes), ("threads", threads),
+                                    ("tune_blas_threads", tune)) if v is not None}
         cfg = load_config(run_dir).replace(**extend)
     else:
         cfg = build_config(profile, overrides)

@@ -155,6 +155,14 @@ def test_resume_continues(trained, tmp_path):
     assert "resuming" in r.output
     one_line_error(["train", "--resume", str(run_dir), "--learning-rate", "0.1"], "--learning-rate cannot change")
     assert json.loads((run_dir / "state.json").read_text())["grad_steps"] == 15
+    from cubedqn.threads import limit_threads
+    try:
+        run(["train", "--resume", str(run_dir), "--steps", "17", "--threads", "2", "--no-tune-blas-threads"])
+    finally:
+        limit_threads(1)  # train sets the process's thread counts for good; the tests run with one
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["threads"] == 2 and saved["tune_blas_threads"] is False
+    assert json.loads((run_dir / "state.json").read_text())["grad_steps"] == 17
 
 
 def test_checkpoint_for_wrong_puzzle_is_rejected(trained, tmp_path):
