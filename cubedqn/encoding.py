@@ -62,18 +62,23 @@ def corner_code(state, perm, cmap, fac, corner_lookup):
 
 @njit(cache=True, nogil=True)
 def choose_frame(states, rotations, identity_cmap, corner_facelets, corner_lookup, n_view, xcubie, rot_of,
-                 src_slot, code_map, n_rr, n_sym, base, where, codes, frame):
+                 view_src, view_code, k_src, k_code, n_rr, n_sym, base, where, y, codes, frame):
     """frame[i] = r0 * n_view + v: the frame state i is encoded in; codes[i] = its 8 corner codes.
 
     On entry frame[i] holds r0 (find_rotations), the whole-cube rotation that brings the
     DBL cubie home: the canonical state x. With symmetry, v = (c*n_rr + rr)*n_sym + k
     picks one symmetric image of x: x conjugated by coset representative c, turned by the
     rotation rr that brings the new DBL cubie home, then conjugated by a symmetry k that
-    keeps DBL home. A view moves each corner on its own: slot j of view v shows the corner
-    of x's slot src = src_slot[v, j], with code code_map[v, src, base[src]]; rr is fixed by
-    where cubie xcubie[c] sits (rot_of[c, 3*slot + twist]). So the 6 or 48 images are table
-    lookups on x's codes, compared slot by slot (most stop after a slot or two), and the
-    lexicographically smallest wins (ties keep the first). base, where (8,) are scratch.
+    keeps DBL home. A view moves each corner on its own, so each step is a table lookup
+    per slot: y = view (c, rr, k=0) of x has in slot j the corner of x's slot
+    src = view_src[c*n_rr + rr, j], with code view_code[c*n_rr + rr, src, base[src]];
+    view k of y has in slot j the corner of y's slot s = k_src[k, j], with code
+    k_code[k, s, y[s]]; rr is fixed by where cubie xcubie[c] sits (rot_of[c, 3*slot +
+    twist]). The lexicographically smallest of the 6 or 48 images wins, the first on ties:
+    each is first compared on its first two slots packed in one number (most lose there,
+    on a branch that soon predicts well), the rest slot by slot. base, where, y (8,) are
+    scratch. (The search once read one 221 KB table per whole view and compared every view
+    slot by slot: 1.13x slower on the cube2 preset's states, with the same frames.)
     """
     n_slots = corner_facelets.shape[0]
     for i in range(states.shape[0]):
@@ -88,20 +93,33 @@ def choose_frame(states, rotations, identity_cmap, corner_facelets, corner_looku
         for j in range(n_slots):  # view 0 is x itself
             best[j] = base[j]
         best_v = 0
+        best2 = base[0] * 32 + base[1]  # codes are < 24: the first two slots in one number
         for c in range(xcubie.shape[0] if n_view > 1 else 0):
             cr = c * n_rr + rot_of[c, where[xcubie[c]]]
+            for j in range(n_slots):
+                src = view_src[cr, j]
+                y[j] = view_code[cr, src, base[src]]
             for k in range(n_sym):
-                v = cr * n_sym + k
-                for j in range(n_slots):
-                    src = src_slot[v, j]
-                    val = code_map[v, src, base[src]]
-                    if val != best[j]:
-                        if val < best[j]:  # smaller from slot j on: take the rest of this view
-                            best_v = v
-                            for j2 in range(j, n_slots):
-                                src = src_slot[v, j2]
-                                best[j2] = code_map[v, src, base[src]]
-                        break
+                s0, s1 = k_src[k, 0], k_src[k, 1]
+                key2 = k_code[k, s0, y[s0]] * 32 + k_code[k, s1, y[s1]]
+                if key2 > best2:
+                    continue
+                j0 = 0 if key2 < best2 else 2  # smaller already, or compare the rest
+                if j0 == 2:
+                    for j in range(2, n_slots):
+                        s = k_src[k, j]
+                        val = k_code[k, s, y[s]]
+                        if val != best[j]:
+                            j0 = j if val < best[j] else n_slots
+                            break
+                    else:
+                        j0 = n_slots  # equal: the first stays
+                if j0 < n_slots:
+                    best_v = cr * n_sym + k
+                    best2 = key2
+                    for j2 in range(j0, n_slots):
+                        s = k_src[k, j2]
+                        best[j2] = k_code[k, s, y[s]]
         frame[i] = r0 * n_view + best_v
 
 
@@ -352,19 +370,19 @@ class Encoder:
         for j, fs in enumerate(puzzle.corner_facelets):
             slot_of[fs] = j
         slot_map = np.zeros((self.n_view, 8), np.int64)
-        self.code_map = np.zeros((self.n_view, 8, 24), np.int64)
+        code_map = np.zeros((self.n_view, 8, 24), np.int64)
         if self.symmetry > 1:
             corner_tables(np.ascontiguousarray(view_perm, np.int64), np.ascontiguousarray(view_cmap, np.uint8),
                           self.corner_facelets, np.ascontiguousarray(puzzle.corner_colours), self.corner_lookup,
-                          slot_of, slot_map, self.code_map)
-        self.src_slot = np.ascontiguousarray(np.argsort(slot_map, axis=1), np.uint8)  # view slot -> x slot
+                          slot_of, slot_map, code_map)
+        src_slot = np.argsort(slot_map, axis=1)  # view slot -> x slot
         self.xcubie = np.full(len(cosets), 6, np.int64)
         self.rot_of = np.zeros((len(cosets), 24), np.int64)
         for c in range(len(cosets) if self.n_rr > 1 else 0):
             v0 = [(c * self.n_rr + rr) * self.n_sym for rr in range(self.n_rr)]
             for xc in range(8):  # the cubie view c brings to DBL, untwisted, with rotation rr
                 hits = {3 * j + t: rr for rr in range(self.n_rr) for j in range(8) for t in range(3)
-                        if slot_map[v0[rr], j] == 6 and self.code_map[v0[rr], j, 3 * xc + t] == 18}
+                        if slot_map[v0[rr], j] == 6 and code_map[v0[rr], j, 3 * xc + t] == 18}
                 if len(hits) == 24:
                     self.xcubie[c] = xc
                     for place, rr in hits.items():
@@ -372,11 +390,21 @@ class Encoder:
                     break
             else:
                 raise AssertionError(f"coset view {c} brings no cubie home")
-        # choose_frame reads these tables at a random view per state: as uint8 the code table
-        # is 221 KB (fits in L2) instead of 1.8 MB: the cube2 preset's encode part went from
-        # 2.16-2.38 to 1.45-1.50 ms a step (3 alternating profile runs)
-        self.code_map = np.ascontiguousarray(self.code_map, np.uint8)
-        self._base, self._where = np.zeros(8, np.int64), np.zeros(8, np.int64)
+        # choose_frame reads the views with k = 0 (every n_sym-th) and the k-views on their
+        # own: a view (c, rr, k) is view k of view (c, rr, 0) (tested against a plain search).
+        # uint8: the first table was int64 once (1.8 MB for all views), and going to uint8
+        # took the cube2 preset's encode part from 2.16-2.38 to 1.45-1.50 ms a step
+        self.view_src = np.ascontiguousarray(src_slot[::self.n_sym], np.uint8)
+        self.view_code = np.ascontiguousarray(code_map[::self.n_sym], np.uint8)
+        k_slot = np.zeros((self.n_sym, 8), np.int64)
+        k_code = np.zeros((self.n_sym, 8, 24), np.int64)
+        if self.symmetry > 1:
+            corner_tables(np.ascontiguousarray(k_perm, np.int64), np.ascontiguousarray(k_cmap, np.uint8),
+                          self.corner_facelets, np.ascontiguousarray(puzzle.corner_colours), self.corner_lookup,
+                          slot_of, k_slot, k_code)
+        self.k_src = np.ascontiguousarray(np.argsort(k_slot, axis=1), np.uint8)
+        self.k_code = np.ascontiguousarray(k_code, np.uint8)
+        self._base, self._where, self._y = np.zeros(8, np.int64), np.zeros(8, np.int64), np.zeros(8, np.int64)
         self._identity_cmap = np.arange(6, dtype=np.uint8)
         self.search_rotations = self.rotations if self.canonical else \
             np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
@@ -389,7 +417,7 @@ class Encoder:
         """A copy sharing every table, with its own scratch buffers: one per thread."""
         twin = copy.copy(self)
         twin._codes = np.zeros((0, 8), np.int64)
-        twin._base, twin._where = np.zeros(8, np.int64), np.zeros(8, np.int64)
+        twin._base, twin._where, twin._y = np.zeros(8, np.int64), np.zeros(8, np.int64), np.zeros(8, np.int64)
         return twin
 
     def frames(self, states, frame, codes):
@@ -397,8 +425,8 @@ class Encoder:
         its corner codes (3*cubie + twist per slot) in that frame (2x2x2 only)."""
         find_rotations(states, self.home_facelets, self.colours, frame)
         choose_frame(states, self.search_rotations, self._identity_cmap, self.corner_facelets,
-                     self.corner_lookup, self.n_view, self.xcubie, self.rot_of, self.src_slot, self.code_map,
-                     self.n_rr, self.n_sym, self._base, self._where, codes, frame)
+                     self.corner_lookup, self.n_view, self.xcubie, self.rot_of, self.view_src, self.view_code,
+                     self.k_src, self.k_code, self.n_rr, self.n_sym, self._base, self._where, self._y, codes, frame)
 
     def position_keys(self, states):
         """(n, K) uint8 rows, equal exactly when two states are the same position up to the

@@ -219,3 +219,34 @@ def test_encode_without_codes_writes_the_same_inputs_and_frames(inputs, symmetry
                       for s in states]
     find_rotations(states, enc.home_facelets, enc.colours, rot_lean)
     np.testing.assert_array_equal(rot_lean, by_permutation)
+
+
+@pytest.mark.parametrize("symmetry", [6, 48])
+def test_frame_is_the_smallest_image_with_dbl_home_first_view_on_ties(symmetry):
+    """choose_frame against a plain search: every view of the canonical state x (all n_view
+    of them, through the encoder's own frame tables) whose image has the DBL cubie home
+    untwisted is a candidate; the frame is the one whose corner codes are smallest
+    lexicographically, the lowest view among equal ones; codes are that image's."""
+    from cubedqn.encoding import corner_code
+    enc = Encoder(P2, 12, inputs="pairs", symmetry=symmetry)
+    rng = np.random.default_rng(11)
+    states = [apply_moves(P2, P2.solved, rng.integers(0, 12, d))[P2.rotations[r]]
+              for d, r in zip(rng.integers(0, 14, 60), rng.integers(0, 24, 60))]
+    states.append(P2.solved)  # every view of the solved cube ties
+    states = np.ascontiguousarray(states)
+    n = len(states)
+    frame, codes = np.zeros(n, np.int64), np.zeros((n, 8), np.int64)
+    enc.frames(states, frame, codes)
+    identity = np.arange(P2.n_stickers)
+    r0 = np.zeros(n, np.int64)
+    find_rotations(states, enc.home_facelets, enc.colours, r0)
+    for i, s in enumerate(states):
+        best = None
+        for v in range(enc.n_view):
+            f = r0[i] * enc.n_view + v
+            image = enc.frame_cmap[f][s[enc.frame_perm[f]]]
+            key = tuple(corner_code(image, identity, enc._identity_cmap, enc.corner_facelets[j], enc.corner_lookup)
+                        for j in range(8))
+            if key[6] == 18 and (best is None or key < best[0]):
+                best = (key, f)
+        assert frame[i] == best[1] and tuple(codes[i]) == best[0]
