@@ -399,7 +399,9 @@ class Encoder:
         k_slot = np.zeros((self.n_sym, 8), np.int64)
         k_code = np.zeros((self.n_sym, 8, 24), np.int64)
         if self.symmetry > 1:
-            corner_tables(np.ascontiguousarray(k_perm, np.int64), np.ascontiguousarray(k_cmap, np.uint8),
+            # copies: the symmetry tables are read-only, and numba would compile a second
+            # corner_tables (and corner_code) for read-only arrays: seconds of a cold start
+            corner_tables(np.array(k_perm, np.int64), np.array(k_cmap, np.uint8),
                           self.corner_facelets, np.ascontiguousarray(puzzle.corner_colours), self.corner_lookup,
                           slot_of, k_slot, k_code)
         self.k_src = np.ascontiguousarray(np.argsort(k_slot, axis=1), np.uint8)

@@ -250,3 +250,5 @@ def test_frame_is_the_smallest_image_with_dbl_home_first_view_on_ties(symmetry):
             if key[6] == 18 and (best is None or key < best[0]):
                 best = (key, f)
         assert frame[i] == best[1] and tuple(codes[i]) == best[0]
+    from cubedqn.encoding import corner_tables
+    assert len(corner_tables.signatures) == 1  # one compile: each a few seconds of a cold start
