@@ -331,7 +331,6 @@ class Encoder:
         self.framed = puzzle.n == 2 and (self.canonical or inputs != "stickers")
         self.symmetry = int(symmetry)
         self.in_dim, self.n_active = INPUT_SHAPES.get(inputs, (puzzle.n_stickers * 6, puzzle.n_stickers))
-        self._codes = np.zeros((0, 8), np.int64)
         self.corner_facelets = np.ascontiguousarray(puzzle.corner_facelets)
         self.corner_lookup = np.ascontiguousarray(puzzle.corner_lookup)
         self.rotations = np.ascontiguousarray(puzzle.rotations)
@@ -369,12 +368,7 @@ class Encoder:
         slot_of = np.zeros(puzzle.n_stickers, np.int64)
         for j, fs in enumerate(puzzle.corner_facelets):
             slot_of[fs] = j
-        slot_map = np.zeros((self.n_view, 8), np.int64)
-        code_map = np.zeros((self.n_view, 8, 24), np.int64)
-        if self.symmetry > 1:
-            corner_tables(np.ascontiguousarray(view_perm, np.int64), np.ascontiguousarray(view_cmap, np.uint8),
-                          self.corner_facelets, np.ascontiguousarray(puzzle.corner_colours), self.corner_lookup,
-                          slot_of, slot_map, code_map)
+        slot_map, code_map = self._view_tables(view_perm, view_cmap, puzzle, slot_of)
         src_slot = np.argsort(slot_map, axis=1)  # view slot -> x slot
         self.xcubie = np.full(len(cosets), 6, np.int64)
         self.rot_of = np.zeros((len(cosets), 24), np.int64)
@@ -396,17 +390,10 @@ class Encoder:
         # took the cube2 preset's encode part from 2.16-2.38 to 1.45-1.50 ms a step
         self.view_src = np.ascontiguousarray(src_slot[::self.n_sym], np.uint8)
         self.view_code = np.ascontiguousarray(code_map[::self.n_sym], np.uint8)
-        k_slot = np.zeros((self.n_sym, 8), np.int64)
-        k_code = np.zeros((self.n_sym, 8, 24), np.int64)
-        if self.symmetry > 1:
-            # copies: the symmetry tables are read-only, and numba would compile a second
-            # corner_tables (and corner_code) for read-only arrays: seconds of a cold start
-            corner_tables(np.array(k_perm, np.int64), np.array(k_cmap, np.uint8),
-                          self.corner_facelets, np.ascontiguousarray(puzzle.corner_colours), self.corner_lookup,
-                          slot_of, k_slot, k_code)
+        k_slot, k_code = self._view_tables(k_perm, k_cmap, puzzle, slot_of)
         self.k_src = np.ascontiguousarray(np.argsort(k_slot, axis=1), np.uint8)
         self.k_code = np.ascontiguousarray(k_code, np.uint8)
-        self._base, self._where, self._y = np.zeros(8, np.int64), np.zeros(8, np.int64), np.zeros(8, np.int64)
+        self._new_scratch()
         self._identity_cmap = np.arange(6, dtype=np.uint8)
         self.search_rotations = self.rotations if self.canonical else \
             np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
@@ -418,9 +405,26 @@ class Encoder:
     def fork(self):
         """A copy sharing every table, with its own scratch buffers: one per thread."""
         twin = copy.copy(self)
-        twin._codes = np.zeros((0, 8), np.int64)
-        twin._base, twin._where, twin._y = np.zeros(8, np.int64), np.zeros(8, np.int64), np.zeros(8, np.int64)
+        twin._new_scratch()
         return twin
+
+    def _new_scratch(self):
+        """The buffers encode and choose_frame write into (codes grow on demand)."""
+        self._codes = np.zeros((0, 8), np.int64)
+        self._base, self._where, self._y = np.zeros(8, np.int64), np.zeros(8, np.int64), np.zeros(8, np.int64)
+
+    def _view_tables(self, perm, cmap, puzzle, slot_of):
+        """(slot_map, code_map) of views (n, stickers) perm / (n, 6) cmap (see corner_tables);
+        all zero without symmetry, where choose_frame reads none. The C-ordered copies
+        matter: numba would compile corner_tables (and corner_code) a second time for the
+        read-only symmetry tables or a Fortran-ordered view table, seconds of a cold start."""
+        slot_map = np.zeros((len(perm), 8), np.int64)
+        code_map = np.zeros((len(perm), 8, 24), np.int64)
+        if self.symmetry > 1:
+            corner_tables(np.array(perm, np.int64, order="C"), np.array(cmap, np.uint8, order="C"),
+                          self.corner_facelets, np.ascontiguousarray(puzzle.corner_colours), self.corner_lookup,
+                          slot_of, slot_map, code_map)
+        return slot_map, code_map
 
     def frames(self, states, frame, codes):
         """frame (n,): the frame each state is encoded in (0 when not canonical); codes (n, 8):

@@ -65,7 +65,7 @@ class BlasThreadTuner:
         self.phase = -1                 # index into schedule while probing, else -1
         self.since = interval_seconds   # loop time since the last probe ended
         self.steps, self.elapsed = 0, 0.0
-        self.totals = {threads: [0.0, 0], 1: [0.0, 0]}  # seconds, gradient steps
+        self._clear_totals()
         self.probes = 0
         self.last_probe = None          # {threads: seconds per gradient step} of the last probe
 
@@ -98,8 +98,11 @@ class BlasThreadTuner:
         best = 1 if per_step[1] < (1.0 - self.margin) * per_step[self.threads] else self.threads
         self.set_threads(best)
         self.current, self.phase, self.since = best, -1, 0.0
-        self.totals = {self.threads: [0.0, 0], 1: [0.0, 0]}
+        self._clear_totals()
         self.probes += 1
+
+    def _clear_totals(self):
+        self.totals = {self.threads: [0.0, 0], 1: [0.0, 0]}  # seconds, gradient steps per count
 
     def _begin_block(self, phase):
         self.phase, self.steps, self.elapsed = phase, 0, 0.0
@@ -111,5 +114,5 @@ class BlasThreadTuner:
         if self.phase >= 0:
             self.set_threads(self.current)
             self.phase = -1
-            self.totals = {self.threads: [0.0, 0], 1: [0.0, 0]}
+            self._clear_totals()
         self.since = self.interval
