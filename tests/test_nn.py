@@ -7,6 +7,7 @@ from cubedqn import reference as ref
 from cubedqn.cube import encode_index, encode_onehot
 from cubedqn.nn import ALIGN, LOSSES, MLP, Layout, aligned_zeros, loss_full, loss_taken, views
 from cubedqn.optim import Optimizer, sq_norm
+from blas_rows import same
 
 S = 8  # a tiny "puzzle": 8 stickers, 6 colours
 
@@ -131,7 +132,7 @@ def test_q_values_chunks_equal_one_pass():
     pol = plain_policy(net)
     q64 = pol.q_values(states)
     pol.chunk = 7
-    np.testing.assert_array_equal(pol.q_values(states), q64)
+    same(pol.q_values(states), q64)
 
 
 def layer_slices(layout):
@@ -427,7 +428,7 @@ def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
     ws = net.workspace(rows)
     ws.idx[:] = idx
     few = net.forward_ws(ws, 5).copy()  # a few rows through the same workspace: the same bits
-    np.testing.assert_array_equal(few, results[0][0][:5])
+    same(few, results[0][0][:5])
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5, atol=1e-5)
     assert not np.array_equal(results[0][1], np.zeros_like(net.params))
 

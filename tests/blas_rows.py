@@ -1,0 +1,41 @@
+"""Does this process's BLAS give each row of a product the same bits whatever the number of
+rows in the call (and however its threads split them)?
+
+OpenBLAS's SkylakeX and Zen kernels did on the hosts this was developed on, so several tests
+assert that two code paths which call sgemm on different row blocks (chunked acting, the
+target cache, one BLAS thread against two, the panel first layer) give the same bits. The
+Haswell kernel that OPENBLAS_CORETYPE=Haswell forces did not on an AMD EPYC host: rows of a
+7-row product differed in the last bit from the same rows of a 50-row one. There those tests
+compare to float32 rounding instead (`same`), and say so when they fail.
+"""
+import numpy as np
+
+from cubedqn.profiling import _gemm  # the engine's own sgemm call (numpy's OpenBLAS, from njit)
+
+
+def _probe() -> bool:
+    rng = np.random.default_rng(0)
+    for k, n in ((16, 12), (144, 16), (256, 256), (1024, 512)):
+        a = rng.standard_normal((64, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        full = np.empty((64, n), np.float32)
+        _gemm(a, b, full)
+        for m in (2, 3, 5, 7, 16, 33):
+            part = np.empty((m, n), np.float32)
+            _gemm(a[:m], b, part)
+            if not np.array_equal(part, full[:m]):
+                return False
+    return True
+
+
+ROWS_EXACT = _probe()
+
+
+def same(actual, desired, rtol=1e-4, atol=1e-6):
+    """Bitwise equal where the BLAS is row-exact, else equal to float32 rounding (the paths
+    sum in one order per row but the BLAS does not)."""
+    if ROWS_EXACT:
+        np.testing.assert_array_equal(actual, desired)
+    else:
+        np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol,
+                                   err_msg="(this BLAS is not row-exact: compared to float32 rounding)")
