@@ -100,6 +100,27 @@ def test_device_cuda_without_gpu_fails_at_once(monkeypatch):
     one_line_error(["train", "--device", "cuda", "--steps", "1"], "--device cuda: no usable NVIDIA GPU")
 
 
+def test_device_cuda_with_a_numba_cuda_that_cannot_compile_is_a_reason(monkeypatch):
+    """A driver that answers but a numba-cuda that cannot build a kernel (the numpy 2.5 /
+    numba-cuda 0.30 clash seen on an H100 machine): one line naming it, exit 2."""
+    pytest.importorskip("numba.cuda")
+    from numba import cuda
+    import cubedqn.cuda as cu
+
+    def broken(_cuda):
+        raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cu, "_trial_kernel", broken)
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    cu.gpu_status.cache_clear()
+    try:
+        ok, why = cu.gpu_status()
+        assert not ok and "could not run a trial kernel" in why and "row_stack" in why
+        one_line_error(["profile", "--device", "cuda", "--steps", "1"], "could not run a trial kernel")
+    finally:
+        cu.gpu_status.cache_clear()
+
+
 def test_train_eval_solve_round_trip(trained):
     for f in ("config.json", "model.npz", "state.json", "metrics.jsonl", "replay.npz"):
         assert (trained / f).exists(), f
@@ -207,9 +228,14 @@ def test_profile_json_contract():
     assert d["first_layer"] == "rows" and "first layer: rows" in text  # 16 wide: no panels
 
 
-def test_profile_reports_the_blas_thread_tuning():
+def test_profile_reports_the_blas_thread_tuning(monkeypatch):
     """--threads 2 probes 2 against 1 BLAS threads and says what it kept; the probe's
-    numbers are loop seconds per gradient step at each count. Off, nothing is probed."""
+    numbers are loop seconds per gradient step at each count. Off, nothing is probed.
+    Blocks of 4 steps, not of 0.1 s: on a fast host 1500 tiny steps took less than the
+    four 0.1 s blocks, and no probe finished (the test failed there)."""
+    import cubedqn.dqn as dqn
+    from cubedqn.threads import BlasThreadTuner
+    monkeypatch.setattr(dqn, "BlasThreadTuner", lambda threads: BlasThreadTuner(threads, block_seconds=0.0))
     base = ["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--warmup", "0",
             "--threads", "2", "--json"]
     d = json.loads(run(base + ["--steps", "1500"]).output)

@@ -1,5 +1,6 @@
-"""Runs the CUDA simulator tests (tests/cuda_sim) in a subprocess: NUMBA_ENABLE_CUDASIM must be
-set before numba is first imported, so they cannot share this process."""
+"""Runs the CUDA tests (tests/cuda_sim) in a subprocess: under the numba CUDA simulator
+always (NUMBA_ENABLE_CUDASIM must be set before numba is first imported, so they cannot
+share this process), and on the real GPU too where one is present."""
 import os
 import subprocess
 import sys
@@ -7,16 +8,30 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cuda_tests(**env):
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+                        str(ROOT / "tests" / "cuda_sim")],
+                       cwd=ROOT, env=dict(os.environ, **env), capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout
+    return r.stdout
+
 
 def test_cuda_kernels_under_simulator():
     pytest.importorskip("numba.cuda")
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
-                        str(root / "tests" / "cuda_sim")],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout
+    run_cuda_tests(NUMBA_ENABLE_CUDASIM="1")
+
+
+def test_cuda_kernels_on_a_real_gpu():
+    pytest.importorskip("numba.cuda")
+    from cubedqn.cuda import real_gpu_present
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not real_gpu_present():
+        pytest.skip("no real GPU here")
+    out = run_cuda_tests(CUBEDQN_CUDA_TESTS="gpu")
+    assert " skipped" not in out  # on a GPU every test runs, the large shapes too
 
 
 def test_cuda_status_without_gpu_is_a_reason_not_an_error():
