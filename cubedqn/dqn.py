@@ -146,11 +146,16 @@ class Trainer:
         return b0 + (1.0 - b0) * progress
 
     # -- one iteration of the N environments ----------------------------------------------
+    def act_values(self):
+        """The online network's Q-values of the environments' states, each state in its own
+        frame ((n_envs, A); the frames go to self.act_rot)."""
+        self.encoder.encode(self.env.states, self.act_ws, 0, self.act_rot, want_codes=False)
+        return self.learner.online.forward_ws(self.act_ws, self.env.n)
+
     def env_iteration(self):
         clock, timer, env = time.perf_counter, self.timer, self.env
         t0 = clock()
-        self.encoder.encode(env.states, self.act_ws, 0, self.act_rot, want_codes=False)
-        qc = self.learner.online.forward_ws(self.act_ws, env.n)
+        qc = self.act_values()
         q_to_world(qc, self.act_rot, self.encoder.act_map, self.act_q)
         select_actions(self.act_q, self.epsilon(), self.rng, env.actions)
         t1 = clock()

@@ -102,6 +102,8 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     dtype = np.float32 if cfg.precision == "float32" else np.float64
     peak_before = peak_gflops(dtype)
     trainer = make_trainer(cfg, device)
+    if device == "cuda":  # wait for the GPU at each phase's end, so each phase shows its own time
+        trainer.learner.sync_phases = True
     trainer.run(max_steps=warmup)
     trainer.timer.reset()
     g0, e0 = trainer.grad_steps, trainer.env_steps
@@ -145,6 +147,8 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
                          "replay_buffer": int(rep.nbytes), "replay_per_transition": int(rep.nbytes_per_transition)},
         "blas": blas_info(),
         "first_layer": "cuda" if device == "cuda" else first_layer_kernel(learner.online, learner.ws),
+        # how the CUDA step's kernels were launched: "graphs" (replayed CUDA graphs) or "direct ..."
+        "cuda_launch": learner.launch_mode if device == "cuda" else None,
         # threads > 1: the BLAS thread count the tuner kept at the end, and its last probe's
         # loop seconds per gradient step at each count (threads.BlasThreadTuner)
         "blas_threads": trainer.blas_tuner.current if trainer.blas_tuner is not None else cfg.threads,
@@ -197,7 +201,9 @@ def format_report(r: dict) -> str:
         probe = ", ".join(f"{k} thread(s) {v * 1e3:.3f} ms" for k, v in r["blas_probe"].items())
         lines.append(f"BLAS thread tuning (tune_blas_threads): kept {r['blas_threads']} thread(s); its last "
                      f"probe, loop time per gradient step (env iterations included): {probe}")
-    if r.get("first_layer"):
+    if r.get("cuda_launch"):
+        lines.append(f"CUDA step: {r['cuda_launch']}; each phase waits for the GPU at its end while profiling")
+    if r.get("first_layer") and r["first_layer"] != "cuda":
         lines.append(f"first layer: {r['first_layer']} (panels: column panels in LLVM IR, see cubedqn/panels.py; "
                      f"rows: the row gather)")
     return "\n".join(lines)

@@ -1,16 +1,27 @@
 """CUDA mirror of cubedqn/learner.py: the same gradient step with everything on the device.
 
 Parameters, gradients, optimizer state and the target network stay resident on the GPU.
-Per step, the host encodes the sampled batch (sticker indices, canonical frame; for
-all-actions also the children) with the same CPU encoder as the CPU path, and the index
-arrays move to the device once; forward, targets, loss, backward, norm, clipping and the
-update then run as device kernels. The host copy of the online parameters is refreshed on
-demand (`sync_host`) for acting, evaluation and checkpoints.
+Per step the host encodes the sampled batch (sticker indices and canonical frames; for
+all-actions also the children) with the same CPU encoder as the CPU path, straight into
+one pinned staging buffer that also holds the actions, rewards, dones, discounts, weights,
+the touched first-layer rows and the step's learning rate; one copy moves it to the
+device. Then the step's launches, built once in __init__ on views of buffers allocated
+once (cuda/nn.py says why): forward, targets and loss, backward, norm, clipping and the
+update, and one read-back of (loss, norm, td). The first step launches them one by one
+(which compiles them); then they are captured as three CUDA graphs (forward, backward,
+optimizer) that every later step replays (`launch_mode` says which ran; where graphs
+cannot be made, as under the simulator, the launches go one by one). The host copy of the
+online parameters is refreshed on demand (`sync_host`) for acting, evaluation and
+checkpoints.
 
 Supported here: targets dqn / double / all-actions, Huber / MSE, SGD / momentum / Nesterov /
 Adam / AdamW, global or no clipping, hard or Polyak target updates, prioritized-replay
-weights. Refused with a one-line message: dueling heads, LOMO, grad_accum > 1, the dense
-first layer, float64. float16 storage (mixed precision) is not implemented.
+weights, lazy first-layer updates. Refused with a one-line message: dueling heads, LOMO,
+grad_accum > 1, the dense first layer, float64. float16 storage is not implemented.
+
+With `sync_phases` set (cubedqn profile does), the step waits for the GPU at the end of
+each phase so that the forward / backward / optimizer times are the GPU's; a training run
+leaves it off and waits once, for the read-back.
 """
 
 from __future__ import annotations
@@ -18,52 +29,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda
 
 from ..cube import expand_children, solved_batch
 from ..encoding import actions_to_canonical
 from ..learner import Learner
 from . import nn as K
-from .optim import CudaOptimizer, polyak_update
-
-
-@cuda.jit
-def _sampled_targets_kernel(q_next_on, q_next_t, rewards, dones, discounts, double, out, rows):
-    i = cuda.grid(1)
-    if i < rows:
-        a_n = q_next_t.shape[1]
-        if double:
-            best = 0
-            for a in range(1, a_n):
-                if q_next_on[i, a] > q_next_on[i, best]:
-                    best = a
-            v = q_next_t[i, best]
-        else:
-            v = q_next_t[i, 0]
-            for a in range(1, a_n):
-                if q_next_t[i, a] > v:
-                    v = q_next_t[i, a]
-        out[i] = rewards[i] + discounts[i] * (1.0 - dones[i]) * v
-
-
-@cuda.jit
-def _all_action_targets_kernel(q_children, child_solved, gamma, rep_of, n_rep, rot, act_map, out, rows):
-    """out[b, act_map[rot[b], a]] = -1 if child (b, a) is solved else -1 + gamma * max Q_t(child)."""
-    t = cuda.grid(1)
-    a_n = out.shape[1]
-    if t < rows * a_n:
-        b = t // a_n
-        a = t % a_n
-        r = b * n_rep + rep_of[a]
-        if child_solved[r]:
-            y = -1.0
-        else:
-            v = q_children[r, 0]
-            for k in range(1, q_children.shape[1]):
-                if q_children[r, k] > v:
-                    v = q_children[r, k]
-            y = -1.0 + gamma * v
-        out[b, act_map[rot[b], a]] = y
+from .optim import CudaOptimizer, polyak_launch
 
 
 class DeviceNet:
@@ -77,31 +49,94 @@ class DeviceNet:
             self.bs.append(self.flat[boff:boff + fo])
 
 
-class DeviceWorkspace:
-    def __init__(self, layout, rows):
-        w = layout.widths
-        self.acts = [cuda.device_array((rows, w[l + 1]), np.float32) for l in range(layout.n_layers)]
-        self.deltas = [cuda.device_array((rows, w[l + 1]), np.float32) for l in range(layout.n_layers)]
-        self.idx = cuda.device_array((rows, layout.n_active), np.int32)
-
-
-def device_forward(net: DeviceNet, ws: DeviceWorkspace, rows):
+def forward_launches(net, idx, acts):
+    """The launches of one forward pass: idx (rows, S) int32 -> acts[l] (rows, width l+1)."""
     L = len(net.Ws)
-    K.sparse_forward(ws.idx, net.Ws[0], net.bs[0], ws.acts[0], L > 1, rows)
+    out = [K.sparse_forward_launch(idx, net.Ws[0], net.bs[0], acts[0], L > 1)]
     for l in range(1, L):
-        K.dense_forward(ws.acts[l - 1], net.Ws[l], net.bs[l], ws.acts[l], l < L - 1, rows)
-    return ws.acts[-1]
+        out.append(K.dense_forward_launch(acts[l - 1], net.Ws[l], net.bs[l], acts[l], l < L - 1))
+    return out
 
 
-def device_backward(net: DeviceNet, grads: DeviceNet, ws: DeviceWorkspace, rows, grads_flat_layer0):
-    L = len(net.Ws)
-    for l in range(L - 1, 0, -1):
-        K.dense_backward(ws.acts[l - 1], ws.deltas[l], net.Ws[l], grads.Ws[l], grads.bs[l], ws.deltas[l - 1], rows)
-    K.sparse_backward(ws.idx, ws.deltas[0], grads_flat_layer0, grads.Ws[0], grads.bs[0], rows)
+class Actor:
+    """Acting on the device: pinned input rows and Q-values for n states, the online
+    network's forward pass on them (a CUDA graph after its first run)."""
+
+    def __init__(self, net, layout, n):
+        self.h_idx = cuda.pinned_array((n, layout.n_active), np.int32)
+        self.h_idx[:] = 0
+        self.rows = _IdxRows(self.h_idx)
+        self.d_idx = cuda.to_device(self.h_idx)
+        w = layout.widths
+        acts = [cuda.device_array((n, w[l + 1]), np.float32) for l in range(layout.n_layers)]
+        self.d_q = acts[-1]
+        self.h_q = cuda.pinned_array((n, w[-1]), np.float32)
+        self.plan = {"act": forward_launches(net, self.d_idx, acts)}
+        self.graphs = None
+        self.runs = 0
+
+    def q_values(self):
+        self.d_idx.copy_to_device(self.h_idx)
+        if self.graphs is not None:
+            self.graphs[0]["act"].launch(self.graphs[1])
+        else:
+            for launch in self.plan["act"]:
+                launch()
+        self.d_q.copy_to_host(self.h_q)
+        self.runs += 1
+        if self.runs == 1 and not K.SIM:
+            try:
+                self.graphs = K.capture_graphs(self.plan)
+            except Exception:  # noqa: BLE001 - launch one by one, as the learner does then
+                self.graphs = None
+        return self.h_q
+
+
+class Staging:
+    """One pinned host buffer and its device twin, carved into named views (int32 and
+    float32 alike: floats are stored as their bits). `upload()` is the step's one copy."""
+
+    def __init__(self, fields):
+        self.offsets, n = {}, 0
+        for name, shape, dtype in fields:
+            size = int(np.prod(shape))
+            self.offsets[name] = (n, shape, np.dtype(dtype))
+            n += size
+        self.host = cuda.pinned_array(max(n, 1), np.int32)
+        self.host[:] = 0
+        self.dev = cuda.to_device(self.host)
+        self.h, self.d = {}, {}
+        for name, (off, shape, dtype) in self.offsets.items():
+            size = int(np.prod(shape))
+            self.h[name] = self.host[off:off + size].view(dtype).reshape(shape)
+            self.d[name] = self.dev[off:off + size].view(dtype).reshape(shape)
+
+    def upload(self):
+        self.dev.copy_to_device(self.host)
+
+
+def _pin(a):
+    """Page-lock a host array while the returned handle lives (faster device-to-host
+    copies); None under the simulator or where the driver refuses."""
+    if K.SIM:
+        return None
+    try:
+        return cuda.current_context().mempin(a, a.ctypes.data, a.nbytes, mapped=False)
+    except Exception:  # noqa: BLE001 - pinning is an optimisation only
+        return None
+
+
+class _IdxRows:
+    """What Encoder.encode writes through: `.idx` (the sparse path's only field)."""
+
+    def __init__(self, idx):
+        self.idx = idx
 
 
 class CudaLearner(Learner):
     """Learner whose step runs on the GPU; the inherited host objects hold the schedule and encoder."""
+
+    sync_phases = False
 
     def __init__(self, layout, moves, batch_size, encoder, **kw):
         if layout.dueling:
@@ -116,122 +151,184 @@ class CudaLearner(Learner):
             raise ValueError("--device cuda supports clip = global or none")
         kw["target_cache"] = False  # the device step scores every child
         super().__init__(layout, moves, batch_size, encoder, **kw)
+        m, S, n_a = self.micro, layout.n_active, self.n_actions
+        L = layout.n_layers
+        w = layout.widths
+        all_actions, double = self.targets == "all-actions", self.targets == "double"
+        rows_t = m * self.n_rep if all_actions else m  # target network rows
+        rows_on = 2 * m if double else m  # online rows: [s; s'] for Double DQN
+        lazy = self.sparse_update
+        fields = [("idx", (m + rows_t, S), np.int32),  # rows [0, m): s; [m, m + rows_t): s' or children
+                  ("actions", (m,), np.int32), ("rot", (m,), np.int32), ("solved", (rows_t,), np.int32),
+                  ("n_touched", (1,), np.int32), ("touched", (m * S if lazy else 1,), np.int32),
+                  ("f32", (4, m), np.float32),  # weights, rewards, dones, discounts
+                  ("hyper", (3,), np.float32)]  # lr, 1 - b1^t, 1 - b2^t
+        self.st = st = Staging(fields)
+        hi, di = st.h["idx"], st.d["idx"]
+        self.h_idx_s, self.h_idx_t = _IdxRows(hi[:m]), _IdxRows(hi[m:])
+        d_idx_on, d_idx_t = di[:rows_on], di[m:]  # Double DQN: the online rows m..2m are s' too
+        self.h_out = cuda.pinned_array(2 + m, np.float32)  # loss, norm, td
+        self.d_out = cuda.device_array(2 + m, np.float32)
+
         self.d_online = DeviceNet(self.online.params, layout)
         self.d_target = DeviceNet(self.target.params, layout)
         self.d_grads = DeviceNet(np.zeros(layout.size, np.float32), layout)
-        off, fi, fo, _ = layout.tensors[0]
-        self.d_grad0 = self.d_grads.flat[off:off + fi * fo]
         self.d_opt = CudaOptimizer(self.opt, layout.size)
-        self.d_ws = DeviceWorkspace(layout, self.ws.idx.shape[0])
-        self.d_ws_t = DeviceWorkspace(layout, self.ws_t.idx.shape[0])
-        m = self.micro
-        self.d_y = cuda.device_array(m, np.float32)
-        self.d_Y = cuda.device_array((m, self.n_actions), np.float32)
-        self.d_td = cuda.device_array(m, np.float32)
-        self.d_loss = cuda.device_array(1, np.float32)
-        # per-step inputs, copied into preallocated device buffers
-        self.h_f32 = np.zeros((4, m), np.float32)  # weights, rewards, dones, discounts
-        self.d_f32 = cuda.device_array((4, m), np.float32)
-        self.d_actions = cuda.device_array(m, np.int64)
-        self.d_rot = cuda.device_array(m, np.int64)
-        self.d_solved = cuda.device_array(m * self.n_rep, np.bool_)
-        self.d_act_map = cuda.to_device(np.ascontiguousarray(encoder.act_map))
-        self.d_rep_of = cuda.to_device(np.ascontiguousarray(encoder.child_rep_of))
-        self.d_touched = cuda.device_array(max(m * layout.n_active, 1) if self.sparse_update else 1, np.int64)
+        acts_on = [cuda.device_array((rows_on, w[l + 1]), np.float32) for l in range(L)]
+        acts_t = [cuda.device_array((rows_t, w[l + 1]), np.float32) for l in range(L)]
+        deltas = [cuda.device_array((m, w[l + 1]), np.float32) for l in range(L)]
+        self.d_q = acts_on[-1]
+        self.d_act_map = cuda.to_device(np.ascontiguousarray(encoder.act_map, dtype=np.int32))
+        self.d_rep_of = cuda.to_device(np.ascontiguousarray(encoder.child_rep_of, dtype=np.int32))
+
+        fwd = forward_launches(self.d_target, d_idx_t, acts_t) + forward_launches(self.d_online, d_idx_on, acts_on)
+        q = acts_on[-1][:m]
+        if all_actions:
+            fwd.append(K.all_actions_loss_launch(q, acts_t[-1], st.d["solved"], st.d["rot"], self.d_act_map,
+                                                 self.d_rep_of, st.d["f32"], self.gamma, self.loss_kind,
+                                                 1.0 / self.batch_size, deltas[-1], self.d_out))
+        else:
+            q_next_on = acts_on[-1][m:2 * m] if double else acts_t[-1]
+            fwd.append(K.sampled_loss_launch(q, q_next_on, acts_t[-1], st.d["actions"], st.d["f32"], double,
+                                             self.loss_kind, 1.0 / self.batch_size, deltas[-1], self.d_out))
+        bwd = []
+        g = self.d_grads
+        for l in range(L - 1, 0, -1):
+            bwd += K.dense_backward_launches(acts_on[l - 1][:m], deltas[l], self.d_online.Ws[l], g.Ws[l], g.bs[l],
+                                             deltas[l - 1])
+        off, fi, fo, boff = layout.tensors[0]
+        bwd += K.sparse_backward_launches(di[:m], deltas[0], g.flat[off:boff + fo], g.Ws[0], g.bs[0])
+        if lazy:
+            opt = self.d_opt.launches(self.d_online.flat, g.flat, st.d["hyper"], self.d_out, st.d["touched"],
+                                      st.d["n_touched"], fo, fi * fo)
+        else:
+            opt = self.d_opt.launches(self.d_online.flat, g.flat, st.d["hyper"], self.d_out)
+        self.plan = {"forward": fwd, "backward": bwd, "optimizer": opt}
+        self.graphs, self.graph_stream = None, None
+        self.launch_mode = "direct"  # "graphs" once captured (after the first step)
+        self.captured = False
+        self.polyak = polyak_launch(self.d_target.flat, self.d_online.flat, self.tau) if self.tau < 1.0 else None
         self.host_stale = False
+        self.params_pin = _pin(self.online.params)  # sync_host copies into page-locked memory
+        self.actors = {}  # acting batch size -> Actor
+
+    def _capture(self):
+        """After the first step (every kernel compiled): the plan as CUDA graphs, if possible."""
+        if K.SIM:
+            self.launch_mode = "direct (the simulator has no graphs)"
+            return
+        try:
+            self.graphs, self.graph_stream = K.capture_graphs(self.plan)
+            self.launch_mode = "graphs"
+        except Exception as e:  # noqa: BLE001 - an old cuda.core / numba-cuda: launch one by one
+            self.graphs = None
+            self.launch_mode = f"direct (no CUDA graphs: {e.__class__.__name__}: {str(e)[:100]})"
+
+    def _run(self, phase):
+        if self.graphs is not None:
+            self.graphs[phase].launch(self.graph_stream)
+        else:
+            for launch in self.plan[phase]:
+                launch()
+
+    @property
+    def gradient_nbytes(self):
+        return self.d_grads.flat.nbytes
 
     @property
     def last_mean_q(self):
         """Mean Q(s, .) of the last batch, read back from the device when asked (for the log)."""
         m = self.micro
-        return float(self.d_ws.acts[-1][:m].copy_to_host().mean()) if m else 0.0
+        return float(self.d_q[:m].copy_to_host().mean()) if m else 0.0
 
     # -- the step (mirrors Learner.train_step / _forward_loss) ---------------------------
-    def train_step(self, batch, timer=None, use_weights=False):
-        clock = time.perf_counter
-        t0 = clock()
-        m, enc, n_a = self.micro, self.encoder, self.n_actions
-        scale = float32(1.0 / self.batch_size)
-        hf = self.h_f32
-        hf[0] = batch.weights[:m] if use_weights else 1.0
-        hf[1], hf[2], hf[3] = batch.rewards, batch.dones, batch.discounts
-        self.d_f32.copy_to_device(hf)
-        d_w, d_r, d_d, d_disc = self.d_f32[0], self.d_f32[1], self.d_f32[2], self.d_f32[3]
+    def _stage(self, batch, use_weights):
+        """Encode the batch into the staging buffer (host work only)."""
+        m, enc, st = self.micro, self.encoder, self.st
+        f32 = st.h["f32"]
+        f32[0] = batch.weights[:m] if use_weights else 1.0
+        f32[1], f32[2], f32[3] = batch.rewards, batch.dones, batch.discounts
+        self.d_opt.begin_step(st.h["hyper"])
         states = self.states_c  # contiguous copies, as in Learner._forward_loss
         np.copyto(states, batch.states)
-        enc.encode(states, self.ws, 0, self.rot)
+        enc.encode(states, self.h_idx_s, 0, self.rot, want_codes=False)
+        st.h["rot"][:] = self.rot
         if self.targets == "all-actions":
             expand_children(states, self.rep_moves, self.n_rep, self.children)
             kids = self.children.reshape(m * self.n_rep, -1)
             solved_batch(kids, self.child_solved)
-            enc.encode(kids, self.ws_t, 0, self.rot_scratch)
-            self.d_ws_t.idx.copy_to_device(self.ws_t.idx)
-            self.d_ws.idx[:m].copy_to_device(self.ws.idx[:m])
-            self.d_solved.copy_to_device(self.child_solved)
-            self.d_rot.copy_to_device(self.rot)
-            q_kids = device_forward(self.d_target, self.d_ws_t, m * self.n_rep)
-            g, b = K._grid1(m * n_a)
-            _all_action_targets_kernel[g, b](q_kids, self.d_solved, float32(self.gamma), self.d_rep_of, self.n_rep,
-                                             self.d_rot, self.d_act_map, self.d_Y, m)
-            q = device_forward(self.d_online, self.d_ws, m)
-            K.loss_full(q, self.d_Y, d_w, scale, self.loss_kind, self.d_ws.deltas[-1], self.d_td, self.d_loss, m)
+            st.h["solved"][:] = self.child_solved
+            enc.encode(kids, self.h_idx_t, 0, self.rot_scratch, want_codes=False)
         else:
             nxt = self.next_c
             np.copyto(nxt, batch.next_states)
-            enc.encode(nxt, self.ws_t, 0, self.rot_scratch[:m])
-            self.d_ws_t.idx.copy_to_device(self.ws_t.idx)
-            q_next_t = device_forward(self.d_target, self.d_ws_t, m)
-            if self.targets == "double":
-                enc.encode(nxt, self.ws, m, self.rot_scratch[:m])
-                self.d_ws.idx.copy_to_device(self.ws.idx)
-                q_all = device_forward(self.d_online, self.d_ws, 2 * m)
-                q, q_next_on = q_all[:m], q_all[m:2 * m]
-            else:
-                self.d_ws.idx[:m].copy_to_device(self.ws.idx[:m])
-                q = device_forward(self.d_online, self.d_ws, m)
-                q_next_on = q_next_t
-            g, b = K._grid1(m)
-            _sampled_targets_kernel[g, b](q_next_on, q_next_t, d_r, d_d, d_disc, self.targets == "double",
-                                          self.d_y, m)
+            enc.encode(nxt, self.h_idx_t, 0, self.rot_scratch[:m], want_codes=False)
             actions_to_canonical(batch.actions, self.rot, enc.act_map, self.actions_c)
-            self.d_actions.copy_to_device(self.actions_c)
-            K.loss_taken(q, self.d_actions, self.d_y, d_w, scale, self.loss_kind, self.d_ws.deltas[-1],
-                         self.d_td, self.d_loss, m)
-        loss = float(self.d_loss.copy_to_host()[0])
-        self.td[:m] = self.d_td.copy_to_host()
-        t1 = clock()
-        device_backward(self.d_online, self.d_grads, self.d_ws, m, self.d_grad0)
-        cuda.synchronize()
-        t2 = clock()
+            st.h["actions"][:] = self.actions_c
         if self.sparse_update:
             # lazy first-layer update: the host knows the batch's input rows (it encoded them)
-            touched = np.unique(self.ws.idx[:m]).astype(np.int64)
-            self.d_touched[:touched.size].copy_to_device(touched)
-            h1 = self.layout.widths[1]
-            self.d_opt.step_rows(self.d_online.flat, self.d_grads.flat, self.d_touched, touched.size, h1,
-                                 self.layout.in_dim * h1)
-        else:
-            self.d_opt.step(self.d_online.flat, self.d_grads.flat)
-        cuda.synchronize()
+            touched = np.unique(st.h["idx"][:m])
+            st.h["touched"][:touched.size] = touched
+            st.h["n_touched"][0] = touched.size
+
+    def train_step(self, batch, timer=None, use_weights=False):
+        clock = time.perf_counter
+        t0 = clock()
+        self._stage(batch, use_weights)
+        t_enc = clock()
+        self.st.upload()
+        sync = self.sync_phases and timer is not None
+        marks = [t0]
+        for phase in ("forward", "backward", "optimizer"):
+            self._run(phase)
+            if sync:
+                cuda.synchronize()
+                marks.append(clock())
+        self.d_out.copy_to_host(self.h_out)  # waits for the step
+        loss, norm = float(self.h_out[0]), float(self.h_out[1])
+        m = self.micro
+        self.td[:m] = self.h_out[2:2 + m]
+        self.opt.last_norm = norm
         self.updates += 1
         self.host_stale = True
         t3 = clock()
         if timer:
-            timer.add("forward", t1 - t0)
-            timer.add("backward", t2 - t1)
-            timer.add("optimizer", t3 - t2)
+            if sync:
+                for phase, a, b in zip(("forward", "backward", "optimizer"), marks, marks[1:]):
+                    timer.add(phase, b - a)
+                timer.add("optimizer", t3 - marks[-1])
+            else:  # the GPU's time lands where the host waits: the read-back
+                timer.add("forward", t_enc - t0)
+                timer.add("optimizer", t3 - t_enc)
+            timer.parts["forward"]["encode"] += t_enc - t0
         self.maybe_update_target(timer, t3)
         self.last_loss = loss
+        if not self.captured:
+            self.captured = True
+            self._capture()
         return loss
 
     def maybe_update_target(self, timer=None, t0=None):
-        if self.tau < 1.0:
-            polyak_update(self.d_target.flat, self.d_online.flat, float32(self.tau))
+        if self.polyak is not None:
+            self.polyak()
         elif self.updates % self.target_update_interval == 0:
             self.d_target.flat.copy_to_device(self.d_online.flat)
         if timer:
-            cuda.synchronize()
+            if self.sync_phases:
+                cuda.synchronize()
             timer.add("target update", time.perf_counter() - t0)
+
+    # -- acting --------------------------------------------------------------------------
+    def device_q(self, states, encoder, rot):
+        """The online network's Q-values of states, computed on the device, each state in
+        its own frame (rot (n,) receives the frames): the host encodes, one copy each way.
+        The returned (n, A) array is reused by the next call."""
+        n = len(states)
+        actor = self.actors.get(n)
+        if actor is None:
+            actor = self.actors[n] = Actor(self.d_online, self.layout, n)
+        encoder.encode(states, actor.rows, 0, rot, want_codes=False)
+        return actor.q_values()
 
     # -- host mirror ---------------------------------------------------------------------
     def sync_host(self):
@@ -250,8 +347,4 @@ class CudaLearner(Learner):
         super().load_arrays(data, opt_t)
         self.d_online.flat.copy_to_device(self.online.params)
         self.d_target.flat.copy_to_device(self.target.params)
-        if self.d_opt.m is not None:
-            self.d_opt.m.copy_to_device(self.opt.m)
-        if self.d_opt.v is not None:
-            self.d_opt.v.copy_to_device(self.opt.v)
-
+        self.d_opt.to_device()

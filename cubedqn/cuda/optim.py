@@ -1,157 +1,173 @@
-"""CUDA mirror of cubedqn/optim.py: gradient norm and fused optimizer updates on the device.
+"""CUDA mirror of cubedqn/optim.py: global gradient norm, clipping and one fused optimizer
+update per batch, on the device, with no round trip to the host.
 
 The 2-phase pattern from the seeds: the backward kernels first accumulate the whole
 batch's gradient into the flat gradient buffer; only then does one update kernel apply
-SGD / momentum / Adam once per batch, one thread per parameter. (The seed CUDA MLP
-updated the optimizer state per sample and diverged to 0% accuracy.)
+SGD / momentum / Adam once per batch. (The seed CUDA MLP updated the optimizer state per
+sample and diverged to 0% accuracy.) Two launches a step: per-block partial sums of g^2,
+then the update kernel, whose every block first adds the partials up to the norm and
+derives the clipping factor itself (the rule of Optimizer.clip_scale), so the host never
+waits for the norm; block 0 leaves the norm in out[1] for the step's one read-back. The
+learning rate and Adam's bias corrections come from a small device array the host
+writes with the step's inputs (the schedule stays in the CPU Optimizer).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import cuda, float32
 
-from .nn import _fill_kernel, _grid1
+from .nn import BLOCK, SIM, Launch, _blocks
 
-_BLOCK = 256
+NORM_BLOCKS = 2 if SIM else 256  # partial sums: one per block of the norm kernel
+MAX_UPDATE_BLOCKS = 2 if SIM else 4096  # the update kernel strides over the rest
+KINDS = {"sgd": 0, "momentum": 1, "nesterov": 2, "adam": 3, "adamw": 4}
 
 
-@cuda.jit
-def _sq_norm_kernel(g, out, n):
-    buf = cuda.shared.array(_BLOCK, float32)
+@cuda.jit(cache=True)
+def _sq_norm_partials_kernel(g, partials):
+    buf = cuda.shared.array(BLOCK, float32)
     t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * _BLOCK + t
+    i = cuda.blockIdx.x * BLOCK + t
+    stride = cuda.gridDim.x * BLOCK
     acc = float32(0.0)
-    stride = cuda.gridDim.x * _BLOCK
-    while i < n:
+    while i < g.shape[0]:
         acc += g[i] * g[i]
         i += stride
     buf[t] = acc
     cuda.syncthreads()
-    s = _BLOCK // 2
+    s = BLOCK // 2
     while s > 0:
         if t < s:
             buf[t] += buf[t + s]
         cuda.syncthreads()
         s //= 2
     if t == 0:
-        cuda.atomic.add(out, 0, buf[0])
+        partials[cuda.blockIdx.x] = buf[0]
 
 
-def sq_norm(g, out):
-    """out[0] = sum(g^2) (float32 on the device)."""
-    _fill_kernel[1, 1](out, 0.0, 1)
-    blocks = min(1024, max(1, (g.shape[0] + _BLOCK - 1) // _BLOCK))
-    _sq_norm_kernel[blocks, _BLOCK](g, out, g.shape[0])
-
-
-# One thread per updated element. Thread k < n_rows * width updates element k % width of
-# row touched[k // width] of the first layer (lazy updates, as optim.*_update_rows; the
-# gradient here is the full flat one, not compact rows); the others update
-# params[dense_from:]. A dense step is n_rows = 0, dense_from = 0.
-
-@cuda.jit(device=True)
-def _element(k, touched, n_rows, width, dense_from):
-    head = n_rows * width
-    if k < head:
-        return touched[k // width] * width + k % width
-    return dense_from + (k - head)
-
-
-@cuda.jit
-def _sgd_kernel(p, g, scale, lr, wd, touched, n_rows, width, dense_from, n):
-    k = cuda.grid(1)
-    if k < n_rows * width + n - dense_from:
-        i = _element(k, touched, n_rows, width, dense_from)
-        p[i] -= lr * (g[i] * scale + wd * p[i])
-
-
-@cuda.jit
-def _momentum_kernel(p, g, buf, scale, lr, mu, nesterov, wd, touched, n_rows, width, dense_from, n):
-    k = cuda.grid(1)
-    if k < n_rows * width + n - dense_from:
-        i = _element(k, touched, n_rows, width, dense_from)
-        gi = g[i] * scale + wd * p[i]
-        b = mu * buf[i] + gi
-        buf[i] = b
-        if nesterov:
-            p[i] -= lr * (gi + mu * b)
+@cuda.jit(cache=True)
+def _update_kernel(p, g, m, v, partials, hyper, touched, n_touched, width, dense_from, kind, clip_max, mu, b2,
+                   eps, wd, out):
+    """Element k < n_touched[0] * width is element k % width of first-layer row
+    touched[k // width] (lazy updates, as optim.*_update_rows; the gradient here is the full
+    flat one); the others are params[dense_from:]. A dense step has n_touched = 0 and
+    dense_from = 0. hyper = (lr, 1 - b1^t, 1 - b2^t); mu is the momentum or Adam's b1."""
+    buf = cuda.shared.array(BLOCK, float32)
+    t = cuda.threadIdx.x
+    acc = float32(0.0)
+    for i in range(t, partials.shape[0], BLOCK):
+        acc += partials[i]
+    buf[t] = acc
+    cuda.syncthreads()
+    s = BLOCK // 2
+    while s > 0:
+        if t < s:
+            buf[t] += buf[t + s]
+        cuda.syncthreads()
+        s //= 2
+    norm = math.sqrt(buf[0])
+    scale = float32(1.0)
+    if clip_max > 0 and norm > clip_max:
+        scale = clip_max / (norm + float32(1e-6))
+    if cuda.blockIdx.x == 0 and t == 0:
+        out[1] = norm
+    lr, bc1, bc2 = hyper[0], hyper[1], hyper[2]
+    one = float32(1.0)
+    head = n_touched[0] * width
+    total = head + p.shape[0] - dense_from
+    k = cuda.blockIdx.x * BLOCK + t
+    stride = cuda.gridDim.x * BLOCK
+    while k < total:
+        if k < head:
+            i = touched[k // width] * width + k % width
         else:
-            p[i] -= lr * b
-
-
-@cuda.jit
-def _adam_kernel(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled, touched, n_rows, width,
-                 dense_from, n):
-    k = cuda.grid(1)
-    if k < n_rows * width + n - dense_from:
-        i = _element(k, touched, n_rows, width, dense_from)
+            i = dense_from + (k - head)
         gi = g[i] * scale
-        if decoupled:
-            p[i] -= lr * wd * p[i]
-        else:
+        if kind == 0:
+            p[i] -= lr * (gi + wd * p[i])
+        elif kind <= 2:
             gi += wd * p[i]
-        mi = b1 * m[i] + (float32(1.0) - b1) * gi
-        vi = b2 * v[i] + (float32(1.0) - b2) * gi * gi
-        m[i] = mi
-        v[i] = vi
-        p[i] -= (lr / bc1) * mi / (math.sqrt(vi / bc2) + eps)
+            b = mu * m[i] + gi
+            m[i] = b
+            if kind == 2:
+                p[i] -= lr * (gi + mu * b)
+            else:
+                p[i] -= lr * b
+        else:
+            if kind == 4:
+                p[i] -= lr * wd * p[i]
+            else:
+                gi += wd * p[i]
+            mi = mu * m[i] + (one - mu) * gi
+            vi = b2 * v[i] + (one - b2) * gi * gi
+            m[i] = mi
+            v[i] = vi
+            p[i] -= (lr / bc1) * mi / (math.sqrt(vi / bc2) + eps)
+        k += stride
 
 
-@cuda.jit
-def _polyak_kernel(t, o, tau, n):
-    i = cuda.grid(1)
-    if i < n:
+@cuda.jit(cache=True)
+def _polyak_kernel(t, o, tau):
+    for i in range(cuda.grid(1), t.shape[0], cuda.gridsize(1)):
         t[i] += tau * (o[i] - t[i])
 
 
-def polyak_update(target, online, tau):
-    g, b = _grid1(target.shape[0])
-    _polyak_kernel[g, b](target, online, tau, target.shape[0])
+def polyak_launch(target, online, tau):
+    return Launch(_polyak_kernel, _blocks(target.shape[0]), BLOCK, target, online, float32(tau))
 
 
 class CudaOptimizer:
-    """Device-resident optimizer state; the host keeps only the schedule (mirrors optim.Optimizer)."""
+    """Device-resident optimizer state; the host keeps the schedule and step counter
+    (mirrors optim.Optimizer, which it wraps)."""
 
     def __init__(self, host_opt, size):
-        self.h = host_opt  # schedule, hyperparameters and step counter live in the CPU object
+        if host_opt.clip == "layer":
+            raise ValueError("--device cuda supports clip = global or none")
+        self.h = host_opt
+        self.size = size
+        self.kind = KINDS[host_opt.kind]
         self.m = cuda.to_device(host_opt.m) if host_opt.m.size else None
         self.v = cuda.to_device(host_opt.v) if host_opt.v.size else None
-        self.norm_buf = cuda.device_array(1, dtype="float32")
-        self.no_rows = cuda.device_array(1, dtype="int64")  # placeholder for dense steps
-        self.size = size
+        self.partials = cuda.device_array(NORM_BLOCKS, np.float32)
+        self.no_rows = cuda.to_device(np.zeros(1, np.int32))  # n_touched and touched of a dense step
 
-    def step(self, params, grads):
-        return self.step_rows(params, grads, self.no_rows, 0, 0, 0)
-
-    def step_rows(self, params, grads, touched, n_rows, width, dense_from):
-        """step() with lazy first-layer rows (mirrors Optimizer.step_rows): rows touched[:n_rows]
-        of params[:dense_from] and all of params[dense_from:]. The norm is taken over the
-        whole gradient: the backward pass leaves the other first-layer rows zero."""
+    def begin_step(self, hyper_host):
+        """Advance the host schedule and write (lr, 1 - b1^t, 1 - b2^t) for the update kernel."""
         h = self.h
         h.begin_step()
-        sq_norm(grads, self.norm_buf)
-        norm = math.sqrt(float(self.norm_buf.copy_to_host()[0]))
-        scale = h.clip_scale(norm)
-        n = self.size
-        rows = (touched, n_rows, width, dense_from, n)
-        g, b = _grid1(max(n_rows * width + n - dense_from, 1))
-        f = float32
-        if h.kind == "sgd":
-            _sgd_kernel[g, b](params, grads, f(scale), f(h.lr), f(h.weight_decay), *rows)
-        elif h.kind in ("momentum", "nesterov"):
-            _momentum_kernel[g, b](params, grads, self.m, f(scale), f(h.lr), f(h.momentum),
-                                   h.kind == "nesterov", f(h.weight_decay), *rows)
+        b1, b2 = h.betas
+        hyper_host[0], hyper_host[1], hyper_host[2] = h.lr, 1 - b1 ** h.t, 1 - b2 ** h.t
+
+    def launches(self, params, grads, hyper, out, touched=None, n_touched=None, width=0, dense_from=0):
+        """The step's two launches: partial sums of g^2, then clip + update (lazily for rows
+        touched[:n_touched[0]] of params[:dense_from] when touched is given)."""
+        h = self.h
+        if touched is None:
+            touched, n_touched, max_rows, width, dense_from = self.no_rows, self.no_rows, 0, 0, 0
         else:
-            b1, b2 = h.betas
-            _adam_kernel[g, b](params, grads, self.m, self.v, f(scale), f(h.lr), f(b1), f(b2), f(h.eps),
-                               f(1 - b1 ** h.t), f(1 - b2 ** h.t), f(h.weight_decay), h.kind == "adamw", *rows)
-        h.last_norm = norm
-        return norm
+            max_rows = touched.shape[0]
+        f = float32
+        clip_max = h.max_grad_norm if h.clip == "global" and h.max_grad_norm > 0 else 0.0
+        mu = h.momentum if self.kind <= 2 else h.betas[0]
+        m = self.m if self.m is not None else self.partials
+        v = self.v if self.v is not None else self.partials
+        blocks = min(_blocks(max_rows * width + self.size - dense_from), MAX_UPDATE_BLOCKS)
+        return [Launch(_sq_norm_partials_kernel, NORM_BLOCKS, BLOCK, grads, self.partials),
+                Launch(_update_kernel, blocks, BLOCK, params, grads, m, v, self.partials, hyper, touched, n_touched,
+                       width, dense_from, self.kind, f(clip_max), f(mu), f(h.betas[1]), f(h.eps),
+                       f(h.weight_decay), out)]
 
     def to_host(self):
         if self.m is not None:
             self.m.copy_to_host(self.h.m)
         if self.v is not None:
             self.v.copy_to_host(self.h.v)
+
+    def to_device(self):
+        if self.m is not None:
+            self.m.copy_to_device(self.h.m)
+        if self.v is not None:
+            self.v.copy_to_device(self.h.v)
