@@ -121,10 +121,11 @@ def numpy_step(layout, puzzle, batch):
     return step
 
 
-def torch_step(layout, puzzle, batch):
+def torch_step(layout, puzzle, batch, device="cpu"):
     import torch
     torch.set_num_threads(1)
     dims = layout.widths
+    dev = torch.device(device)
 
     def mlp():
         mods = []
@@ -134,12 +135,13 @@ def torch_step(layout, puzzle, batch):
                 mods.append(torch.nn.ReLU())
         return torch.nn.Sequential(*mods)
 
-    online, target = mlp(), mlp()
+    online, target = mlp().to(dev), mlp().to(dev)
     target.load_state_dict(online.state_dict())
     opt = torch.optim.SGD(online.parameters(), lr=LR, momentum=MU)
-    x, xn = torch.tensor(onehot(batch.states)), torch.tensor(onehot(batch.next_states))
-    a = torch.tensor(batch.actions.astype(np.int64))
-    r, d = torch.tensor(batch.rewards.astype(np.float32)), torch.tensor(batch.dones.astype(np.float32))
+    x, xn = (torch.tensor(onehot(s), device=dev) for s in (batch.states, batch.next_states))
+    a = torch.tensor(batch.actions.astype(np.int64), device=dev)
+    r, d = (torch.tensor(v.astype(np.float32), device=dev) for v in (batch.rewards, batch.dones))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step():
         q = online(x).gather(1, a[:, None])[:, 0]
@@ -151,6 +153,7 @@ def torch_step(layout, puzzle, batch):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(online.parameters(), CLIP)
         opt.step()
+        sync()  # a GPU step is timed to its end, as cubedqn's (which reads its loss back)
 
     return step
 
@@ -285,6 +288,15 @@ def blas_kernel():
             f"OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
 
 
+def print_table(med, base, flops, width=16):
+    """One line per implementation: its median (s/step) as ms/step, steps/min and dense
+    GFLOP/s, and its time relative to `base`'s."""
+    w = len(base) + 3
+    print(f"{'implementation':<{width}s} {'ms/step':>9s} {'steps/min':>10s} {'dense GFLOP/s':>14s} {'vs ' + base:>{w + 1}s}")
+    for name, t in med.items():
+        print(f"{name:<{width}s} {t * 1e3:>9.3f} {60 / t:>10.0f} {flops / t / 1e9:>14.1f} {t / med[base]:>{w}.2f}x")
+
+
 def bench(impls, reps, inner):
     times = {name: [] for name in impls}
     for name, f in impls.items():  # warm-up (compilation)
@@ -338,10 +350,7 @@ def main():
         print(f"\n{layout.describe()}  batch {bsz}  (Double DQN, Huber, clipped momentum; medians of "
               f"{args.reps} x {inner} steps, 1 thread; cubedqn's first layer: "
               f"{first_layer_kernel(lr.online, lr.ws)})")
-        print(f"{'implementation':<16s} {'ms/step':>9s} {'steps/min':>10s} {'dense GFLOP/s':>14s} {'vs cubedqn':>11s}")
-        base = med["cubedqn"]
-        for name, t in med.items():
-            print(f"{name:<16s} {t * 1e3:>9.3f} {60 / t:>10.0f} {flops / t / 1e9:>14.1f} {t / base:>10.2f}x")
+        print_table(med, "cubedqn", flops)
         if skipped:
             print(f"skipped (not installed): {', '.join(skipped)}")
         # read before and after the timings; the host's speed changes within a run, and the

@@ -62,8 +62,8 @@ class Launch:
 
 def capture_graphs(plan):
     """{name: [Launch]} -> ({name: cuda.core Graph}, the stream to launch them on), one
-    graph per name, recorded through cuda.core's GraphBuilder (numba-cuda >= 0.28 launches
-    into one). A graph launch replays all of its kernels for the cost of one launch; the
+    graph per name, recorded through cuda.core's GraphBuilder (numba-cuda 0.30.4 launches
+    into one; an older one raises here, and the caller launches one by one). A graph launch replays all of its kernels for the cost of one launch; the
     kernels' arguments are fixed at capture, which is why every input that changes from
     step to step lives in device memory. Every kernel must have run once before (compiled
     and loaded). The graphs go on the legacy default stream, so they stay ordered with

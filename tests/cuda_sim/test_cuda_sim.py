@@ -42,10 +42,11 @@ def poisoned(shape):
 
 
 def test_gemm_all_transposes():
-    a, b = f32(5, 7), f32(7, 6)
+    """13 x 10 @ 10 x 11: two tiles each way and a partial K slab, in the simulator's tiling too."""
+    a, b = f32(13, 10), f32(10, 11)
     for ta in (False, True):
         for tb in (False, True):
-            C = poisoned((5, 6))
+            C = poisoned((13, 11))
             K.gemm_launch(dev(a.T) if ta else dev(a), dev(b.T) if tb else dev(b), C, ta, tb)()
             np.testing.assert_allclose(C.copy_to_host(), a @ b, rtol=1e-5, atol=1e-5)
 
@@ -58,8 +59,8 @@ def test_gemm_epilogues():
     mask = np.maximum(f32(5, 6), 0)
     K.gemm_launch(dev(a), dev(b), C, mask=dev(mask), epilogue=K.EPI_MASK)()
     np.testing.assert_allclose(C.copy_to_host(), (a @ b) * (mask > 0), rtol=1e-5, atol=1e-5)
-    x, d = f32(9, 5), f32(9, 6)  # dW = x.T @ d, db = column sums of d
-    C, db = poisoned((5, 6)), poisoned(6)
+    x, d = f32(10, 9), f32(10, 11)  # dW = x.T @ d, db = column sums of d (the ones row opens a tile)
+    C, db = poisoned((9, 11)), poisoned(11)
     K.gemm_launch(dev(x), dev(d), C, trans_a=True, vec=db, epilogue=K.EPI_COLSUM)()
     np.testing.assert_allclose(C.copy_to_host(), x.T @ d, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(db.copy_to_host(), d.sum(0), rtol=1e-5, atol=1e-5)
