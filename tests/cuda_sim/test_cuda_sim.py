@@ -197,6 +197,9 @@ def test_profile_device_cuda_runs_under_the_simulator():
     d = json.loads(r.output)
     assert d["device"] == "cuda" and d["train_step_ms"] > 0
     assert d["cuda_launch"].startswith("graphs" if not SIM else "direct")
+    from cubedqn.profiling import format_report
+    text = format_report(d)  # no ratio of the GPU's rate to the host's sgemm peak
+    assert "CUDA step: " in text and "peak sgemm" not in text
 
 
 def rel_err(a, b):
