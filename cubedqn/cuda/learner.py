@@ -10,9 +10,9 @@ once (cuda/nn.py says why): forward, targets and loss, backward, norm, clipping 
 update, and one read-back of (loss, norm, td). The first step launches them one by one
 (which compiles them); then they are captured as three CUDA graphs (forward, backward,
 optimizer) that every later step replays (`launch_mode` says which ran; where graphs
-cannot be made, as under the simulator, the launches go one by one). The host copy of the
-online parameters is refreshed on demand (`sync_host`) for acting, evaluation and
-checkpoints.
+cannot be made, as under the simulator, the launches go one by one). Acting runs on the
+device too (`device_q`, an Actor per batch size); the host copy of the online parameters
+is refreshed on demand (`sync_host`) for evaluation and checkpoints.
 
 Supported here: targets dqn / double / all-actions, Huber / MSE, SGD / momentum / Nesterov /
 Adam / AdamW, global or no clipping, hard or Polyak target updates, prioritized-replay
@@ -151,7 +151,7 @@ class CudaLearner(Learner):
             raise ValueError("--device cuda supports clip = global or none")
         kw["target_cache"] = False  # the device step scores every child
         super().__init__(layout, moves, batch_size, encoder, **kw)
-        m, S, n_a = self.micro, layout.n_active, self.n_actions
+        m, S = self.micro, layout.n_active
         L = layout.n_layers
         w = layout.widths
         all_actions, double = self.targets == "all-actions", self.targets == "double"

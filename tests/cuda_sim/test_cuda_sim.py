@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from cubedqn.config import Config
 from cubedqn.cube import encode_index, get_puzzle
 from cubedqn.cuda import nn as K
 from cubedqn.cuda.learner import CudaLearner
