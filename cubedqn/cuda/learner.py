@@ -9,8 +9,8 @@ device. Then the step's launches, built once in __init__ on views of buffers all
 once (cuda/nn.py says why): forward, targets and loss, backward, norm, clipping and the
 update, and one read-back of (loss, norm, td). The first step launches them one by one
 (which compiles them); then they are captured as three CUDA graphs (forward, backward,
-optimizer) that every later step replays (`launch_mode` says which ran; where graphs
-cannot be made, as under the simulator, the launches go one by one). Acting runs on the
+optimizer) that every later step replays (nn.Plan; `launch_mode` says which ran: where
+graphs cannot be made, as under the simulator, the launches go one by one). Acting runs on the
 device too (`device_q`, an Actor per batch size); the host copy of the online parameters
 is refreshed on demand (`sync_host`) for evaluation and checkpoints.
 
@@ -71,24 +71,13 @@ class Actor:
         acts = [cuda.device_array((n, w[l + 1]), np.float32) for l in range(layout.n_layers)]
         self.d_q = acts[-1]
         self.h_q = cuda.pinned_array((n, w[-1]), np.float32)
-        self.plan = {"act": forward_launches(net, self.d_idx, acts)}
-        self.graphs = None
-        self.runs = 0
+        self.plan = K.Plan({"act": forward_launches(net, self.d_idx, acts)})
 
     def q_values(self):
         self.d_idx.copy_to_device(self.h_idx)
-        if self.graphs is not None:
-            self.graphs[0]["act"].launch(self.graphs[1])
-        else:
-            for launch in self.plan["act"]:
-                launch()
+        self.plan.run("act")
         self.d_q.copy_to_host(self.h_q)
-        self.runs += 1
-        if self.runs == 1 and not K.SIM:
-            try:
-                self.graphs = K.capture_graphs(self.plan)
-            except Exception:  # noqa: BLE001 - launch one by one, as the learner does then
-                self.graphs = None
+        self.plan.used()
         return self.h_q
 
 
@@ -203,33 +192,16 @@ class CudaLearner(Learner):
                                       st.d["n_touched"], fo, fi * fo)
         else:
             opt = self.d_opt.launches(self.d_online.flat, g.flat, st.d["hyper"], self.d_out)
-        self.plan = {"forward": fwd, "backward": bwd, "optimizer": opt}
-        self.graphs, self.graph_stream = None, None
-        self.launch_mode = "direct"  # "graphs" once captured (after the first step)
-        self.captured = False
+        self.plan = K.Plan({"forward": fwd, "backward": bwd, "optimizer": opt})
         self.polyak = polyak_launch(self.d_target.flat, self.d_online.flat, self.tau) if self.tau < 1.0 else None
         self.host_stale = False
         self.params_pin = _pin(self.online.params)  # sync_host copies into page-locked memory
         self.actors = {}  # acting batch size -> Actor
 
-    def _capture(self):
-        """After the first step (every kernel compiled): the plan as CUDA graphs, if possible."""
-        if K.SIM:
-            self.launch_mode = "direct (the simulator has no graphs)"
-            return
-        try:
-            self.graphs, self.graph_stream = K.capture_graphs(self.plan)
-            self.launch_mode = "graphs"
-        except Exception as e:  # noqa: BLE001 - an old cuda.core / numba-cuda: launch one by one
-            self.graphs = None
-            self.launch_mode = f"direct (no CUDA graphs: {e.__class__.__name__}: {str(e)[:100]})"
-
-    def _run(self, phase):
-        if self.graphs is not None:
-            self.graphs[phase].launch(self.graph_stream)
-        else:
-            for launch in self.plan[phase]:
-                launch()
+    @property
+    def launch_mode(self):
+        """How the step's launches run: "graphs" (replayed CUDA graphs) or "direct ..." (one by one)."""
+        return self.plan.mode
 
     @property
     def gradient_nbytes(self):
@@ -280,7 +252,7 @@ class CudaLearner(Learner):
         sync = self.sync_phases and timer is not None
         marks = [t0]
         for phase in ("forward", "backward", "optimizer"):
-            self._run(phase)
+            self.plan.run(phase)
             if sync:
                 cuda.synchronize()
                 marks.append(clock())
@@ -303,9 +275,7 @@ class CudaLearner(Learner):
             timer.parts["forward"]["encode"] += t_enc - t0
         self.maybe_update_target(timer, t3)
         self.last_loss = loss
-        if not self.captured:
-            self.captured = True
-            self._capture()
+        self.plan.used()
         return loss
 
     def maybe_update_target(self, timer=None, t0=None):

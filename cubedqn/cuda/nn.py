@@ -4,7 +4,7 @@ What this file is: one kernel per CPU kernel (or per fused group of them), and f
 `*_launch` function that checks the shapes once and returns a `Launch`: the configured
 kernel with its arguments bound. The learner builds every launch of a training step once,
 on views of buffers it allocated once, and a step then only calls them, or rather replays
-them as CUDA graphs (capture_graphs). That matters on a GPU: numba-cuda spends tens of
+them as CUDA graphs (Plan). That matters on a GPU: numba-cuda spends tens of
 microseconds of Python per launch (measured on an H100: scripts/bench_cuda.py --launches),
 which for batch 64 is far more than the kernels' own time; the step is also built from as
 few launches as possible:
@@ -60,26 +60,51 @@ class Launch:
             (self.fn or self.kernel[self.grid, self.block])(*self.args)
 
 
-def capture_graphs(plan):
-    """{name: [Launch]} -> ({name: cuda.core Graph}, the stream to launch them on), one
-    graph per name, recorded through cuda.core's GraphBuilder (numba-cuda 0.30.4 launches
-    into one; an older one raises here, and the caller launches one by one). A graph launch replays all of its kernels for the cost of one launch; the
-    kernels' arguments are fixed at capture, which is why every input that changes from
-    step to step lives in device memory. Every kernel must have run once before (compiled
-    and loaded). The graphs go on the legacy default stream, so they stay ordered with
-    numba's copies, which use it too."""
-    from cuda.core import Device, Stream
-    dev = Device()
-    dev.set_current()
-    capture = dev.create_stream()
-    graphs = {}
-    for name, launches in plan.items():
-        builder = capture.create_graph_builder().begin_building()
-        for launch in launches:
-            launch(builder)
-        builder.end_building()
-        graphs[name] = builder.complete()
-    return graphs, Stream.from_handle(0)
+class Plan:
+    """Named lists of launches ({name: [Launch]}). `run(name)` launches one list; after the
+    first full use (`used()`: every kernel compiled and loaded) each list is captured as a
+    CUDA graph through cuda.core's GraphBuilder (numba-cuda 0.30.4 launches into one), and
+    `run` replays the graph: one launch's cost for all of its kernels. The kernels'
+    arguments are fixed at capture, which is why every input that changes from step to step
+    lives in device memory. The graphs go on the legacy default stream, so they stay ordered
+    with numba's copies, which use it too. Where no graph can be made (the simulator, an
+    older numba-cuda) the launches go one by one; `mode` says which."""
+
+    def __init__(self, launches):
+        self.launches = launches
+        self.graphs, self.stream = None, None
+        self.mode = "direct"  # until the first use ends
+        self.fresh = True
+
+    def run(self, name):
+        if self.graphs is not None:
+            self.graphs[name].launch(self.stream)
+        else:
+            for launch in self.launches[name]:
+                launch()
+
+    def used(self):
+        if not self.fresh:
+            return
+        self.fresh = False
+        if SIM:
+            self.mode = "direct (the simulator has no graphs)"
+            return
+        try:
+            from cuda.core import Device, Stream
+            dev = Device()
+            dev.set_current()
+            capture = dev.create_stream()
+            graphs = {}
+            for name, launches in self.launches.items():
+                builder = capture.create_graph_builder().begin_building()
+                for launch in launches:
+                    launch(builder)
+                builder.end_building()
+                graphs[name] = builder.complete()
+            self.graphs, self.stream, self.mode = graphs, Stream.from_handle(0), "graphs"
+        except Exception as e:  # noqa: BLE001 - an old cuda.core / numba-cuda: launch one by one
+            self.mode = f"direct (no CUDA graphs: {e.__class__.__name__}: {str(e)[:100]})"
 
 
 def _blocks(n, block=BLOCK):
@@ -255,19 +280,19 @@ def _elem(d, kind):
 
 
 @cuda.jit(device=True)
-def _block_sum_to(buf, acc, out, slot):
-    """Sum acc over the block (LOSS_BLOCK threads) and write it to out[slot]."""
+def block_sum(buf, acc, width):
+    """The sum of acc over the block's `width` threads (a power of two), returned to every
+    thread; buf is a shared float32 array of `width`."""
     t = cuda.threadIdx.x
     buf[t] = acc
     cuda.syncthreads()
-    s = LOSS_BLOCK // 2
+    s = width // 2
     while s > 0:
         if t < s:
             buf[t] += buf[t + s]
         cuda.syncthreads()
         s //= 2
-    if t == 0:
-        out[slot] = buf[0]
+    return buf[0]
 
 
 @cuda.jit(cache=True)
@@ -298,7 +323,9 @@ def _sampled_loss_kernel(q, q_next_on, q_next_t, actions, f32in, double, kind, s
             dq[i, j] = 0.0
         dq[i, a] = w * g * scale
         acc += w * l
-    _block_sum_to(buf, acc * scale, out, 0)
+    loss = block_sum(buf, acc * scale, LOSS_BLOCK)
+    if cuda.threadIdx.x == 0:
+        out[0] = loss
 
 
 def sampled_loss_launch(q, q_next_on, q_next_t, actions, f32in, double, kind, scale, dq, out):
@@ -337,7 +364,9 @@ def _all_actions_loss_kernel(q, q_kids, solved, rot, act_map, rep_of, f32in, gam
             acc += w * l
             dq[b, c] = w * g * scale
         out[2 + b] = top
-    _block_sum_to(buf, acc * scale, out, 0)
+    loss = block_sum(buf, acc * scale, LOSS_BLOCK)
+    if cuda.threadIdx.x == 0:
+        out[0] = loss
 
 
 def all_actions_loss_launch(q, q_kids, solved, rot, act_map, rep_of, f32in, gamma, kind, scale, dq, out):

@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from .nn import BLOCK, SIM, Launch, _blocks
+from .nn import BLOCK, SIM, Launch, _blocks, block_sum
 
 NORM_BLOCKS = 2 if SIM else 256  # partial sums: one per block of the norm kernel
 MAX_UPDATE_BLOCKS = 2 if SIM else 4096  # the update kernel strides over the rest
@@ -36,16 +36,9 @@ def _sq_norm_partials_kernel(g, partials):
     while i < g.shape[0]:
         acc += g[i] * g[i]
         i += stride
-    buf[t] = acc
-    cuda.syncthreads()
-    s = BLOCK // 2
-    while s > 0:
-        if t < s:
-            buf[t] += buf[t + s]
-        cuda.syncthreads()
-        s //= 2
+    total = block_sum(buf, acc, BLOCK)
     if t == 0:
-        partials[cuda.blockIdx.x] = buf[0]
+        partials[cuda.blockIdx.x] = total
 
 
 @cuda.jit(cache=True)
@@ -60,15 +53,7 @@ def _update_kernel(p, g, m, v, partials, hyper, touched, n_touched, width, dense
     acc = float32(0.0)
     for i in range(t, partials.shape[0], BLOCK):
         acc += partials[i]
-    buf[t] = acc
-    cuda.syncthreads()
-    s = BLOCK // 2
-    while s > 0:
-        if t < s:
-            buf[t] += buf[t + s]
-        cuda.syncthreads()
-        s //= 2
-    norm = math.sqrt(buf[0])
+    norm = math.sqrt(block_sum(buf, acc, BLOCK))
     scale = float32(1.0)
     if clip_max > 0 and norm > clip_max:
         scale = clip_max / (norm + float32(1e-6))

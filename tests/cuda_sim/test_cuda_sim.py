@@ -274,4 +274,4 @@ def test_training_steps_equal_cpu_at_users_shapes(puzzle, hidden, bsz, targets, 
     assert gpu.opt.last_norm == pytest.approx(cpu.opt.last_norm, rel=1e-3)
     assert gpu.launch_mode == "graphs"  # steps 2-5 replayed the captured graphs
     check_device_acting(gpu, states_batch(p, bsz, 9).states)
-    assert gpu.actors[bsz].graphs is not None
+    assert gpu.actors[bsz].plan.mode == "graphs"
