@@ -99,6 +99,13 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated implementations to time (default: all)")
     ap.add_argument("--launches", action="store_true", help="time empty-kernel launches first")
     args = ap.parse_args()
+    if set(args.shapes.split(",")) - set(SHAPES):
+        ap.error(f"--shapes: expected a comma-separated list of {', '.join(SHAPES)}, got {args.shapes!r}")
+    only = set(filter(None, args.only.split(",")))
+    known = {"cubedqn cuda", "cubedqn cpu", "pytorch cuda", "jax gpu jit"}
+    if only - known:
+        ap.error(f"--only: unknown implementation(s) {', '.join(sorted(only - known))} "
+                 f"(known: {', '.join(sorted(known))})")
     from cubedqn.cuda import gpu_status
     ok, why = gpu_status()
     if not ok or why != "gpu":
@@ -113,7 +120,6 @@ def main():
         lo = launch_overhead()
         print("one launch of an empty kernel (us, median of 5 x 2000): " +
               ", ".join(f"{n} array args {t:.1f}" for n, t in lo.items()))
-    only = set(filter(None, args.only.split(",")))
     for shape in args.shapes.split(","):
         pname, hidden, bsz = SHAPES[shape]
         puzzle = get_puzzle(pname)

@@ -319,6 +319,8 @@ def main():
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--peers", default="numpy,torch,jax")
     args = ap.parse_args()
+    if set(args.shapes.split(",")) - set(SHAPES):
+        ap.error(f"--shapes: expected a comma-separated list of {', '.join(SHAPES)}, got {args.shapes!r}")
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
         # One CPU for everything: a library that ignores its thread settings cannot use more.
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
