@@ -60,6 +60,39 @@ def blas_info() -> dict:
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
 
 
+def cpu_info() -> dict:
+    """The CPU the numbers came from, so that a saved profile says which machine it was:
+    its model name (Linux's /proc/cpuinfo, else `platform`), LLVM's name for it (what Numba
+    and panels.py compile for), logical CPUs, the L2 cache of CPU 0 as Linux reports it
+    (None elsewhere), and whether it has AVX2 and AVX-512 (OpenBLAS and LLVM use 512-bit
+    vectors only with the latter; the sgemm peak roughly doubles with it)."""
+    import platform
+    import llvmlite.binding as llb
+    model = platform.processor() or platform.machine()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    l2 = None
+    try:
+        for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+            if (index / "level").read_text().strip() == "2" and (index / "type").read_text().strip() != "Instruction":
+                l2 = (index / "size").read_text().strip()
+    except OSError:
+        pass
+    features = llb.get_host_cpu_features()
+    return {"model": model, "llvm_cpu": llb.get_host_cpu_name(), "logical_cpus": os.cpu_count(), "l2_cache": l2,
+            "avx2": bool(features.get("avx2", False)), "avx512": bool(features.get("avx512f", False))}
+
+
+def describe_cpu(c: dict) -> str:
+    """One line from cpu_info(): 'AMD EPYC (LLVM: znver3), 2 logical CPUs, L2 512K, AVX2, no AVX-512'."""
+    l2 = f", L2 {c['l2_cache']}" if c.get("l2_cache") else ""
+    vec = "AVX-512" if c["avx512"] else ("AVX2, no AVX-512" if c["avx2"] else "no AVX2")
+    return f"{c['model']} (LLVM: {c['llvm_cpu']}), {c['logical_cpus']} logical CPUs{l2}, {vec}"
+
+
 def forward_rows(trainer, children_per_step=None) -> tuple[float, float]:
     """(online rows, target rows) one step's forward passes run. For all-actions, the target
     net scores the distinct children formed, or with the target cache the measured average
@@ -146,6 +179,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
                          "optimizer_state": int(trainer.learner.opt.nbytes),
                          "replay_buffer": int(rep.nbytes), "replay_per_transition": int(rep.nbytes_per_transition)},
         "blas": blas_info(),
+        "cpu": cpu_info(),
         "first_layer": "cuda" if device == "cuda" else first_layer_kernel(learner.online, learner.ws),
         # how the CUDA step's kernels were launched: "graphs" (replayed CUDA graphs) or "direct ..."
         "cuda_launch": learner.launch_mode if device == "cuda" else None,
@@ -199,6 +233,8 @@ def format_report(r: dict) -> str:
     b = r["blas"]
     lines.append(f"BLAS: {b['library']} {b['version']} ({b.get('source', 'scipy')}'s) kernel {b['kernel']}, "
                  f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
+    if r.get("cpu"):
+        lines.append(f"CPU: {describe_cpu(r['cpu'])}")
     if r.get("blas_probe"):
         probe = ", ".join(f"{k} thread(s) {v * 1e3:.3f} ms" for k, v in r["blas_probe"].items())
         lines.append(f"BLAS thread tuning (tune_blas_threads): kept {r['blas_threads']} thread(s); its last "

@@ -40,6 +40,7 @@ from cubedqn.cube import get_puzzle  # noqa: E402
 from cubedqn.encoding import Encoder  # noqa: E402
 from cubedqn.learner import Learner  # noqa: E402
 from cubedqn.nn import Layout, init_params, views  # noqa: E402
+from cubedqn.profiling import cpu_info, describe_cpu  # noqa: E402
 from cubedqn.replay import Batch  # noqa: E402
 
 SHAPES = {"cube2": ("cube2", (256, 256), 64), "cube3": ("cube3", (1024, 512), 256)}
@@ -328,6 +329,7 @@ def main():
     limit_threads(1)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     print(f"BLAS: {blas_kernel()}; CPUs allowed: {cpus}")
+    print(f"CPU: {describe_cpu(cpu_info())}")
     from cubedqn.profiling import peak_gflops
     for shape in args.shapes.split(","):
         peak_before = peak_gflops()

@@ -226,6 +226,18 @@ def test_profile_json_contract():
                 "--warmup", "2"]).output
     assert "GEMM layers alone" in text and "  encode" in text
     assert d["first_layer"] == "rows" and "first layer: rows" in text  # 16 wide: no panels
+    cpu = d["cpu"]  # which machine the numbers came from
+    assert cpu["logical_cpus"] >= 1 and cpu["llvm_cpu"] and cpu["model"]
+    assert isinstance(cpu["avx2"], bool) and isinstance(cpu["avx512"], bool)
+    assert f"CPU: {cpu['model']} (LLVM: {cpu['llvm_cpu']})" in text
+
+
+def test_describe_cpu():
+    from cubedqn.profiling import describe_cpu
+    c = {"model": "X", "llvm_cpu": "znver3", "logical_cpus": 2, "l2_cache": "512K", "avx2": True, "avx512": False}
+    assert describe_cpu(c) == "X (LLVM: znver3), 2 logical CPUs, L2 512K, AVX2, no AVX-512"
+    c.update(l2_cache=None, avx512=True, llvm_cpu="cascadelake")
+    assert describe_cpu(c) == "X (LLVM: cascadelake), 2 logical CPUs, AVX-512"
 
 
 def test_profile_reports_the_blas_thread_tuning(monkeypatch):
