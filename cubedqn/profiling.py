@@ -81,7 +81,10 @@ def cpu_info() -> dict:
                 l2 = (index / "size").read_text().strip()
     except OSError:
         pass
-    features = llb.get_host_cpu_features()
+    try:  # LLVM cannot list the features on every platform
+        features = llb.get_host_cpu_features()
+    except RuntimeError:
+        features = {}
     return {"model": model, "llvm_cpu": llb.get_host_cpu_name(), "logical_cpus": os.cpu_count(), "l2_cache": l2,
             "avx2": bool(features.get("avx2", False)), "avx512": bool(features.get("avx512f", False))}
 
