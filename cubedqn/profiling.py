@@ -64,8 +64,8 @@ def cpu_info() -> dict:
     """The CPU the numbers came from, so that a saved profile says which machine it was:
     its model name (Linux's /proc/cpuinfo, else `platform`), LLVM's name for it (what Numba
     and panels.py compile for), logical CPUs, the L2 cache of CPU 0 as Linux reports it
-    (None elsewhere), and whether it has AVX2 and AVX-512 (OpenBLAS and LLVM use 512-bit
-    vectors only with the latter; the sgemm peak roughly doubles with it)."""
+    (None elsewhere), and whether it has AVX2 and AVX-512 (which kernels OpenBLAS and LLVM
+    can pick: this project's numbers moved between hosts with and without it)."""
     import platform
     import llvmlite.binding as llb
     model = platform.processor() or platform.machine()
