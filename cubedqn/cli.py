@@ -192,6 +192,9 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
                    f"{r['env_steps_per_s']:>8.0f} env steps/s | loss {r['loss']:.4f} | "
                    f"eps {r['epsilon']:.3f} | depth {r['depth']:>2d} | solve {solve}")
 
+    if cfg.minutes > 0 and dev == "cpu":  # compile first, so that the time budget is all training
+        click.echo("compiling the training kernels (Numba keeps them for later runs)...")
+        click.echo(f"kernels ready in {trainer.warm_up():.1f} s")
     t0 = time.perf_counter()
     try:
         trainer.run(run_dir=run_dir, on_log=on_log)

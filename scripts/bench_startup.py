@@ -26,18 +26,18 @@ from pathlib import Path
 
 HERE = str(Path(__file__).resolve().parent.parent)
 WARM_COMMANDS = {
-    "train --profile cube2-quick --steps 10": ["train", "--profile", "cube2-quick", "--steps", "10", "--minutes", "0",
-                                               "--out"],
+    "train --profile cube2-quick --steps 10": ["train", "--profile", "cube2-quick", "--steps", "10", "--out"],
     "train --profile cube2 --steps 10 --learning-starts 1000": ["train", "--profile", "cube2", "--steps", "10",
-                                                                "--minutes", "0", "--learning-starts", "1000", "--out"],
+                                                                "--learning-starts", "1000", "--out"],
     "scramble --puzzle cube3 --depth 5": ["scramble", "--puzzle", "cube3", "--depth", "5"],
 }
 
 
 def run_once(cache_dir, out_dir):
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, NUMBA_DEBUG_CACHE="1")
-    cmd = [sys.executable, "-m", "cubedqn.cli", "train", "--profile", "cube2-quick", "--steps", "10",
-           "--minutes", "0", "--out", out_dir]
+    # the command as a user types it: the preset's one-minute budget stays, so train
+    # warms the kernels up first (Trainer.warm_up) and the time includes that
+    cmd = [sys.executable, "-m", "cubedqn.cli", "train", "--profile", "cube2-quick", "--steps", "10", "--out", out_dir]
     t = time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t

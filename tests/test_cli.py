@@ -121,6 +121,18 @@ def test_device_cuda_with_a_numba_cuda_that_cannot_compile_is_a_reason(monkeypat
         cu.gpu_status.cache_clear()
 
 
+def test_a_timed_run_compiles_before_its_budget_starts(tmp_path):
+    """With a time budget, train first warms the kernels up (a twin trainer), then trains;
+    a run bounded by steps alone does not."""
+    common = ["--puzzle", "cube2", "--hidden", "16", "--batch-size", "16", "--learning-starts", "32",
+              "--n-envs", "8"]
+    out = run(["train", *common, "--steps", "3", "--minutes", "5", "--out", str(tmp_path / "timed")]).output
+    assert "compiling the training kernels" in out and "kernels ready in" in out
+    assert "trained 3 gradient steps" in out
+    out = run(["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "steps")]).output
+    assert "kernels ready" not in out and "trained 3 gradient steps" in out
+
+
 def test_train_eval_solve_round_trip(trained):
     for f in ("config.json", "model.npz", "state.json", "metrics.jsonl", "replay.npz"):
         assert (trained / f).exists(), f

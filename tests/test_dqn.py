@@ -351,6 +351,27 @@ def test_resume_is_exact(tmp_path, kw):
     assert np.array_equal(resumed.rng, straight.rng)
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(prioritized_replay=True, n_step=3, optimizer="momentum"),
+                                dict(targets="all-actions", input_encoding="pairs", input_symmetry=48,
+                                     sparse_update=True, curriculum="adaptive")])
+def test_warm_up_leaves_the_trainer_as_it_was(kw):
+    """warm_up runs a twin (which compiles the kernels): the trainer's own run afterwards is
+    the same as without it, bit for bit, and the twin's steps are not counted."""
+    cfg = tiny_cfg(**kw)
+    plain = Trainer(cfg).run()
+    warmed = Trainer(cfg)
+    rng_before = warmed.rng.copy()
+    assert warmed.warm_up() > 0
+    assert warmed.grad_steps == warmed.env_steps == 0 and np.array_equal(warmed.rng, rng_before)
+    warmed.run()
+    assert warmed.grad_steps == plain.grad_steps == 40
+    for a, b in ((warmed.learner.online.params, plain.learner.online.params),
+                 (warmed.learner.target.params, plain.learner.target.params),
+                 (warmed.learner.opt.m, plain.learner.opt.m), (warmed.rng, plain.rng)):
+        assert np.array_equal(a, b)
+    assert warmed.depth == plain.depth and warmed.last_solve_rate == plain.last_solve_rate
+
+
 def test_schedules_follow_the_clock_when_minutes_run_out_first(tmp_path, monkeypatch):
     import cubedqn.dqn as dqn
     now = [1000.0]
