@@ -194,7 +194,11 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
 
     if cfg.minutes > 0 and dev == "cpu":  # compile first, so that the time budget is all training
         click.echo("compiling the training kernels (Numba keeps them for later runs)...")
-        click.echo(f"kernels ready in {trainer.warm_up():.1f} s")
+        seconds = trainer.warm_up()
+        if trainer.interrupted:
+            click.echo("\ninterrupted while compiling the kernels; nothing was trained", err=True)
+            sys.exit(130)
+        click.echo(f"kernels ready in {seconds:.1f} s")
     t0 = time.perf_counter()
     try:
         trainer.run(run_dir=run_dir, on_log=on_log)

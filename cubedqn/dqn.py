@@ -217,14 +217,20 @@ class Trainer:
         objects and random stream. Nothing of this trainer changes (tested). `train` calls it
         before a run with a time budget, so that the budget is all training: a cold first
         run of the one-minute preset otherwise spent about a third of its minute compiling.
-        Returns the seconds it took."""
+        Returns the seconds it took. A Ctrl-C during it sets `interrupted` (nothing trained);
+        a twin whose two steps diverge is ignored (its kernels are compiled by then, and the
+        run itself reports divergence at its own steps)."""
         t0 = time.perf_counter()
         c = self.cfg
         buffer = max(4 * c.batch_size, c.n_envs * c.n_step)
         twin = type(self)(c.replace(steps=2, minutes=0.0, learning_starts=c.batch_size, buffer_size=buffer,
                                     eval_interval=1, log_interval=1, curriculum_eval_n=min(c.curriculum_eval_n, 8),
                                     checkpoint_interval=0, tune_blas_threads=False))
-        twin.run()
+        try:
+            twin.run()
+        except TrainingDiverged:
+            pass
+        self.interrupted = twin.interrupted
         return time.perf_counter() - t0
 
     def run(self, max_steps=None, minutes=None, run_dir=None, on_log=None):

@@ -133,6 +133,19 @@ def test_a_timed_run_compiles_before_its_budget_starts(tmp_path):
     assert "kernels ready" not in out and "trained 3 gradient steps" in out
 
 
+def test_ctrl_c_while_compiling_trains_nothing(tmp_path, monkeypatch):
+    from cubedqn.dqn import Trainer
+
+    def interrupted(self):
+        self.interrupted = True
+        return 1.0
+    monkeypatch.setattr(Trainer, "warm_up", interrupted)
+    r = CliRunner().invoke(main, ["train", "--puzzle", "cube2", "--hidden", "16", "--steps", "3", "--minutes", "5",
+                                  "--out", str(tmp_path / "r")])
+    assert r.exit_code == 130 and "interrupted while compiling the kernels; nothing was trained" in r.output
+    assert "trained" not in r.output.replace("nothing was trained", "")
+
+
 def test_train_eval_solve_round_trip(trained):
     for f in ("config.json", "model.npz", "state.json", "metrics.jsonl", "replay.npz"):
         assert (trained / f).exists(), f

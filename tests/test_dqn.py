@@ -372,6 +372,24 @@ def test_warm_up_leaves_the_trainer_as_it_was(kw):
     assert warmed.depth == plain.depth and warmed.last_solve_rate == plain.last_solve_rate
 
 
+def test_warm_up_ignores_a_diverging_twin_and_passes_on_ctrl_c(monkeypatch):
+    import cubedqn.dqn as dqn
+
+    def diverge(self, *a, **k):
+        raise dqn.TrainingDiverged("twin")
+    monkeypatch.setattr(dqn.Trainer, "log", diverge)
+    tr = Trainer(tiny_cfg())
+    tr.warm_up()  # no exception: the twin's divergence is not the run's
+    assert not tr.interrupted
+    monkeypatch.undo()
+
+    def ctrl_c(self):
+        self.interrupted = True
+    monkeypatch.setattr(dqn.Trainer, "gradient_step", ctrl_c)
+    tr.warm_up()
+    assert tr.interrupted
+
+
 def test_schedules_follow_the_clock_when_minutes_run_out_first(tmp_path, monkeypatch):
     import cubedqn.dqn as dqn
     now = [1000.0]
