@@ -37,7 +37,7 @@ def run_once(cache_dir, out_dir):
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, NUMBA_DEBUG_CACHE="1")
     # the command as a user types it: the preset's one-minute budget stays, so train
     # warms the kernels up first (Trainer.warm_up) and the time includes that
-    cmd = [sys.executable, "-m", "cubedqn.cli", "train", "--profile", "cube2-quick", "--steps", "10", "--out", out_dir]
+    cmd = [sys.executable, "-m", "cubedqn.cli", *WARM_COMMANDS["train --profile cube2-quick --steps 10"], out_dir]
     t = time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t
