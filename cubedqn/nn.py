@@ -442,11 +442,13 @@ def dense_backward(x, dout, W, dW, db, dx, x_is_relu):
     if dx.shape[0] > 0:
         gemm(dout, W.T, dx)
         if x_is_relu:
+            # a select and a store for every element: LLVM vectorises this, not a store
+            # under an if (8.1 against 1.8 us on a 64 x 256 block, one-off timing)
             m, c = dx.shape
             for i in range(m):
+                xi, di = x[i], dx[i]
                 for j in range(c):
-                    if x[i, j] <= 0:
-                        dx[i, j] = 0
+                    di[j] = 0 if xi[j] <= 0 else di[j]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
