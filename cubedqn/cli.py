@@ -53,9 +53,11 @@ class CubeGroup(click.Group):
 def main():
     """cubedqn: a fast CPU deep-Q-network engine for Rubik's-cube puzzles."""
     from .blas import CONFIG_PROBLEM  # an unknown CUBEDQN_BLAS value (see blas.py)
+    from .learner import FUSED_PROBLEM  # an unknown CUBEDQN_FUSED value (see learner.py)
     from .nn import PANELS_PROBLEM  # an unknown CUBEDQN_PANELS value (see nn.py)
-    if CONFIG_PROBLEM or PANELS_PROBLEM:
-        raise UserError(CONFIG_PROBLEM or PANELS_PROBLEM)
+    problem = CONFIG_PROBLEM or PANELS_PROBLEM or FUSED_PROBLEM
+    if problem:
+        raise UserError(problem)
 
 
 # ---------------------------------------------------------------------------------------

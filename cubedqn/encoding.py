@@ -185,6 +185,24 @@ def encode_onehot_framed(states, frame_perm, frame_cmap, frame, out):
 
 
 @njit(cache=True, nogil=True)
+def encode_rotated_or_plain(framed, sparse, states, home_facelets, colours, frame_perm, frame_cmap, rot, idx, x):
+    """The encodings that need no corner codes, as one kernel (Encoder.encode, and the
+    learner's fused step): framed, each state turned by the first rotation that brings its
+    DBL cubie home (rot gets the rotations), else the stickers as they are; into idx
+    (sparse) or x (dense one-hot)."""
+    if framed:
+        find_rotations(states, home_facelets, colours, rot)
+        if sparse:
+            encode_index_framed(states, frame_perm, frame_cmap, rot, idx)
+        else:
+            encode_onehot_framed(states, frame_perm, frame_cmap, rot, x)
+    elif sparse:
+        encode_index(states, idx)
+    else:
+        encode_onehot(states, x)
+
+
+@njit(cache=True, nogil=True)
 def encode_cubies_from_codes(codes, out):
     """out[i, k] = 24*k + codes[i, k]: which cubie sits in corner slot k and how it is twisted,
     one active input per slot (8 of 192), instead of three sticker colours per corner."""
@@ -360,6 +378,9 @@ class Encoder:
         g_act = rot_act[:self.n_rr][:, sym_moves[g][:, :n_actions]]            # (rr, g, a)
         view_act = k_moves[:, g_act].transpose(2, 1, 0, 3).reshape(-1, n_actions)  # (g, rr, k, a)
         self.n_view = len(view_perm)
+        # inputs that need no corner codes: plain stickers, or stickers in the frame of one
+        # rotation (encode_rotated_or_plain)
+        self.rotation_only = not self.framed or (self.n_view == 1 and inputs == "stickers")
         # frame f = (rotation r0, view v), r0 outer: sticker indices, colour maps, action maps
         self.frame_perm = np.ascontiguousarray(rots[:, view_perm].reshape(-1, n_s), np.uint8)
         self.frame_cmap = np.ascontiguousarray(np.tile(view_cmap, (len(rots), 1)), np.uint8)
@@ -455,15 +476,11 @@ class Encoder:
         With want_codes=False it may return None instead: sticker inputs in the one frame
         per rotation need only the rotation, not the codes (64 states: 5.0 us, 11.0 with them)."""
         n = len(states)
-        if not self.framed:
-            if self.sparse:
-                encode_index(states, ws.idx[row0:row0 + n])
-            else:
-                encode_onehot(states, ws.x[row0:row0 + n])
+        if self.rotation_only and not (want_codes and self.framed):
+            encode_rotated_or_plain(self.framed, self.sparse, states, self.home_facelets, self.colours,
+                                    self.frame_perm, self.frame_cmap, np.zeros(n, np.int64) if rot is None else rot,
+                                    ws.idx[row0:row0 + n], ws.x[row0:row0 + n])
             return None
-        if not want_codes and self.n_view == 1 and self.inputs == "stickers":
-            find_rotations(states, self.home_facelets, self.colours, rot)  # frame = rotation
-            codes = None
         else:
             if len(self._codes) < n:
                 self._codes = np.zeros((n, 8), np.int64)

@@ -27,18 +27,28 @@ What it is not: acting, replay or the training loop (see dqn.py).
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 from numba import njit
 
+from . import clock
+from .clock import stamp
 from .cube import expand_children, solved_batch
-from .encoding import Encoder, actions_to_canonical, rows_to_canonical
-from .nn import (LOSSES, MLP, Layout, aligned_zeros, dense_backward, dueling_backward, loss_full, loss_taken,
-                 mlp_backward_first, mlp_backward_upper, sparse_backward_compact, sparse_backward_panels, views)
-from .optim import Optimizer, add_into, polyak_update
+from .encoding import Encoder, actions_to_canonical, encode_rotated_or_plain, rows_to_canonical
+from .nn import (LOSSES, MLP, Layout, aligned_zeros, dense_backward, dueling_backward, dueling_forward, loss_full,
+                 loss_taken, mlp_backward_first, mlp_backward_upper, mlp_forward_first, mlp_forward_upper,
+                 sparse_backward_compact, sparse_backward_panels, views)
+from .optim import Optimizer, add_into, clipped_step, polyak_update
 
 TARGETS = ("dqn", "double", "all-actions")
+# CUBEDQN_FUSED=0 turns the fused step off (train_step then always takes the per-part path),
+# for A/B timings; another value is reported by the CLI (exit 2).
+_FUSED_ENV = os.environ.get("CUBEDQN_FUSED", "1").strip()
+FUSED_PROBLEM = None if _FUSED_ENV in ("0", "1") else \
+    f"CUBEDQN_FUSED={os.environ['CUBEDQN_FUSED']!r} is not one of: 0, 1"
+FUSED = _FUSED_ENV != "0"
 
 
 class PhaseTimer:
@@ -99,6 +109,71 @@ def sampled_targets(q_next_online, q_next_target, rewards, dones, discounts, dou
                 if q_next_target[i, a] > v:
                     v = q_next_target[i, a]
         out[i] = rewards[i] + discounts[i] * (1.0 - dones[i]) * v
+
+
+# The fused step: one kernel call for a whole sampled-targets step ("dqn" / "double"), the
+# same kernels in the same order as the per-part path of Learner.train_step, so the two give
+# the same bits (tested). Why: that path is a dozen Numba calls from Python, and at the
+# 2x2x2's 144-256-256-12, batch 64, their calls cost about a tenth of the step.
+# It stamps the clock (clock.stamp) at the end of each part, in this order, so the
+# PhaseTimer gets the same parts as from the per-part path:
+FUSED_PARTS = (("forward", "encode"), ("forward", "first layer"), ("forward", "GEMM layers"),
+               ("forward", "first layer"), ("forward", "GEMM layers"), ("forward", "targets and loss"),
+               ("backward", "GEMM layers"), ("backward", "first layer"), ("optimizer", None))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights,
+                       framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, act_map,
+                       states, nxt, rot, rot_next, actions_c,
+                       sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel,
+                       Wts, bts, idx_t, x_t, acts_t, q_t, panel_t,
+                       double, dueling, y, td, scale, loss_kind, gWs, gbs,
+                       kind, clip, max_norm, params, grads, m_state, v_state, slices,
+                       lr, mu, b1, b2, eps, bc1, bc2, wd, stamps):
+    """One gradient step on a batch of B transitions (b_* are the batch's fields, (B, S)
+    states, (B,) the rest): encode s and s', target forward on s', online forward on s (and
+    s' for double), targets and loss, backward, clipped update. Returns (loss, gradient
+    norm before clipping); stamps[0..9] get the clock at the start and after each part."""
+    n = states.shape[0]
+    stamp(stamps, 0)
+    states[:] = b_states  # contiguous copies: the batch's fields are views of its records
+    nxt[:] = b_next
+    encode_rotated_or_plain(framed, enc_sparse, states, home_facelets, colours, frame_perm, frame_cmap, rot,
+                            idx[:n], x[:n])
+    encode_rotated_or_plain(framed, enc_sparse, nxt, home_facelets, colours, frame_perm, frame_cmap, rot_next,
+                            idx_t[:n], x_t[:n])
+    if double:  # the online net's rows n..2n are the same inputs
+        idx[n:2 * n] = idx_t[:n]
+        x[n:2 * n] = x_t[:n]
+    stamp(stamps, 1)
+    mlp_forward_first(idx_t, x_t, sparse, Wts, bts, acts_t, n, panel_t)
+    stamp(stamps, 2)
+    mlp_forward_upper(Wts, bts, acts_t, n)
+    if dueling:
+        dueling_forward(acts_t[-1][:n], q_t[:n])
+    stamp(stamps, 3)
+    rows = 2 * n if double else n
+    mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel)
+    stamp(stamps, 4)
+    mlp_forward_upper(Ws, bs, acts, rows)
+    if dueling:
+        dueling_forward(acts[-1][:rows], q[:rows])
+    stamp(stamps, 5)
+    sampled_targets(q[n:2 * n] if double else q_t[:n], q_t[:n], b_rewards, b_dones, b_discounts, double, y)
+    actions_to_canonical(b_actions, rot, act_map, actions_c)
+    loss = loss_taken(q[:n], actions_c, y, weights, scale, loss_kind, dq, td, n)
+    if dueling:
+        dueling_backward(dq[:n], deltas[-1][:n])
+    stamp(stamps, 6)
+    mlp_backward_upper(Ws, acts, deltas, gWs, gbs, n)
+    stamp(stamps, 7)
+    mlp_backward_first(idx, x, sparse, Ws, deltas, gWs, gbs, n, panel)
+    stamp(stamps, 8)
+    norm = clipped_step(kind, clip, max_norm, params, grads, m_state, v_state, slices, lr, mu, b1, b2, eps, bc1,
+                        bc2, wd)
+    stamp(stamps, 9)
+    return loss, norm
 
 
 @njit(cache=True, error_model="numpy")
@@ -197,7 +272,7 @@ class Learner:
     def __init__(self, layout: Layout, moves: np.ndarray, batch_size: int, encoder: Encoder, targets="double",
                  gamma=0.99, loss="huber", optimizer="adam", seed=0, dtype=np.float32,
                  sparse=True, grad_accum=1, lomo=False, target_update_interval=1000, tau=1.0,
-                 sparse_update=False, target_cache=True, **opt_kwargs):
+                 sparse_update=False, target_cache=True, fused=None, **opt_kwargs):
         if targets not in TARGETS:
             raise ValueError(f"unknown targets '{targets}' (expected one of: {', '.join(TARGETS)})")
         if batch_size % grad_accum:
@@ -268,15 +343,22 @@ class Learner:
         self.grad_rows = aligned_zeros((max_rows, layout.widths[1]), self.dtype)
         self.n_touched = 0
         self._parts = PhaseTimer().parts  # where the parts go when no timer is given
+        # the fused step (fused_sampled_step) where it covers the configuration; fused=None:
+        # unless CUBEDQN_FUSED=0. Timed steps need the kernel's clock.
+        self.fused = bool(FUSED if fused is None else fused) and targets != "all-actions" and grad_accum == 1 \
+            and not lomo and not sparse_update and encoder.rotation_only
+        self.stamps = np.zeros(len(FUSED_PARTS) + 1 + 2, np.int64)  # + the clock's scratch
         self.updates = 0
         self.last_loss = 0.0
 
     # -- one gradient step ----------------------------------------------------------------
     def train_step(self, batch, timer: PhaseTimer | None = None, use_weights=False):
         """One optimizer update from batch (replay.Batch). Returns the loss; td errors in self.td."""
-        clock = time.perf_counter
+        if self.fused and (timer is None or clock.AVAILABLE):
+            return self._train_step_fused(batch, timer, use_weights)
+        clock_ = time.perf_counter
         parts = timer.parts if timer else self._parts
-        t = clock()
+        t = clock_()
         loss = 0.0
         m = self.micro
         weights = batch.weights if use_weights else self.ones
@@ -291,7 +373,7 @@ class Learner:
                 timer.add("forward", t1 - t)
             if self.lomo:
                 self._lomo_backward_update(m)
-                t2 = clock()
+                t2 = clock_()
                 if timer:
                     timer.add("backward", t2 - t1)
                 t = t2
@@ -319,9 +401,43 @@ class Learner:
         elif not self.lomo:
             self.opt.step(self.online.params, self.grads)
         self.updates += 1
-        t2 = clock()
+        t2 = clock_()
         if timer:
             timer.add("optimizer", t2 - t)
+        self.maybe_update_target(timer, t2)
+        self.last_loss = loss
+        return loss
+
+    def _train_step_fused(self, batch, timer, use_weights):
+        """train_step as one kernel call (fused_sampled_step); the timer gets the parts the
+        kernel stamped, and the Python around the call goes to the first (encode)."""
+        t0 = time.perf_counter()
+        on, tg, ws, wt, enc, opt = self.online, self.target, self.ws, self.ws_t, self.encoder, self.opt
+        opt.begin_step()
+        loss, norm = fused_sampled_step(
+            batch.states, batch.next_states, batch.actions, batch.rewards, batch.dones, batch.discounts,
+            batch.weights if use_weights else self.ones,
+            enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap, enc.act_map,
+            self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
+            on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel,
+            tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel,
+            self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size, self.loss_kind,
+            self.gWs, self.gbs, *opt.step_args(on.params, self.grads), self.stamps)
+        opt.last_norm = float(norm)
+        self.updates += 1
+        t2 = time.perf_counter()
+        if timer:
+            st = self.stamps
+            spent = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+            for k, (phase, part) in enumerate(FUSED_PARTS):
+                dt = (st[k + 1] - st[k]) * 1e-9
+                if k == 0:  # the call's way in and out, as the per-part path books its Python
+                    dt += max(0.0, (t2 - t0) - (st[len(FUSED_PARTS)] - st[0]) * 1e-9)
+                spent[phase] += dt
+                if part is not None:
+                    timer.parts[phase][part] += dt
+            for phase, dt in spent.items():
+                timer.add(phase, dt)
         self.maybe_update_target(timer, t2)
         self.last_loss = loss
         return loss

@@ -101,6 +101,45 @@ def adam_update(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
         p[i] -= step * mi / (np.sqrt(vi * inv_bc2) + eps)
 
 
+# The whole step as kernels: what Optimizer.step runs, and the learner's fused step with it.
+KIND_CODES = {"sgd": 0, "momentum": 1, "nesterov": 2, "adam": 3, "adamw": 4}
+CLIP_CODES = {"global": 0, "layer": 1, "none": 2}
+
+
+@njit(cache=True, error_model="numpy")
+def update_slice(kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    """The update of one slice (kind: KIND_CODES); m and v are the slice's state (empty
+    where the kind keeps none); scalars in the parameters' dtype."""
+    if kind == 0:
+        sgd_update(p, g, scale, lr, wd)
+    elif kind <= 2:
+        momentum_update(p, g, m, scale, lr, mu, kind == 2, wd)
+    else:
+        adam_update(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, kind == 4)
+
+
+@njit(cache=True, error_model="numpy")
+def clipped_step(kind, clip, max_norm, params, grads, m, v, slices, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    """Clip grads (clip: CLIP_CODES; `slices` (L, 2) are the layers' [lo, hi) for "layer")
+    and update params and state in place; returns the global norm before clipping."""
+    if clip == 1:
+        total = 0.0
+        for l in range(slices.shape[0]):
+            lo, hi = slices[l, 0], slices[l, 1]
+            sq = sq_norm(grads[lo:hi])
+            norm = np.sqrt(sq)
+            scale = max_norm / (norm + 1e-6) if max_norm > 0 and norm > max_norm else 1.0
+            # (m and v are empty where the kind keeps no such state: their slices stay empty)
+            update_slice(kind, params[lo:hi], grads[lo:hi], m[lo:hi], v[lo:hi], params.dtype.type(scale), lr, mu,
+                         b1, b2, eps, bc1, bc2, wd)
+            total += sq
+        return np.sqrt(total)
+    norm = np.sqrt(sq_norm(grads))
+    scale = max_norm / (norm + 1e-6) if clip == 0 and max_norm > 0 and norm > max_norm else 1.0
+    update_slice(kind, params, grads, m, v, params.dtype.type(scale), lr, mu, b1, b2, eps, bc1, bc2, wd)
+    return norm
+
+
 # Row-sparse ("lazy") versions for the sparse first layer: only the rows a batch touched
 # (touched[:n], each `width` long, starting at offset 0 of the flat buffer) are read and
 # updated, from the compact gradient g whose row k (g[k*width:(k+1)*width]) belongs to
@@ -183,6 +222,7 @@ class Optimizer:
             raise ValueError(f"unknown lr schedule '{schedule}' (expected one of: {', '.join(SCHEDULES)})")
         self.kind, self.dtype = kind, np.dtype(dtype)
         self.layer_slices = list(layer_slices)
+        self.slices = np.array(self.layer_slices, np.int64).reshape(-1, 2)
         self.lr0, self.momentum, self.betas, self.eps = lr, momentum, betas, eps
         self.weight_decay, self.max_grad_norm, self.clip = weight_decay, max_grad_norm, clip
         self.schedule, self.total_steps = schedule, total_steps
@@ -198,17 +238,17 @@ class Optimizer:
     def step(self, params: np.ndarray, grads: np.ndarray) -> float:
         """Clip and apply grads to params; returns the (pre-clip) global gradient norm."""
         self.begin_step()
-        if self.clip == "layer":
-            total = 0.0
-            for lo, hi in self.layer_slices:
-                total += self.apply(params, grads[lo:hi], lo, hi)
-            self.last_norm = math.sqrt(total)
-            return self.last_norm
-        norm = math.sqrt(sq_norm(grads))
-        scale = self.clip_scale(norm)
-        self._update(params, grads, 0, params.shape[0], scale)
-        self.last_norm = norm
-        return norm
+        self.last_norm = float(clipped_step(*self.step_args(params, grads)))
+        return self.last_norm
+
+    def step_args(self, params, grads):
+        """clipped_step's arguments for this step (after begin_step): the learner's fused
+        step passes the same ones."""
+        f = self.dtype.type
+        b1, b2 = self.betas
+        return (KIND_CODES[self.kind], CLIP_CODES[self.clip], float(self.max_grad_norm), params, grads,
+                self.m, self.v, self.slices, f(self.lr), f(self.momentum), f(b1), f(b2), f(self.eps),
+                f(1 - b1 ** self.t), f(1 - b2 ** self.t), f(self.weight_decay))
 
     def step_rows(self, params: np.ndarray, row_grads: np.ndarray, touched, n, width, tail_grads) -> float:
         """step() with a row-sparse head: rows touched[:n] of the head params[:dense_from]
@@ -264,18 +304,9 @@ class Optimizer:
         return sq
 
     def _update(self, params, g, lo, hi, scale):
-        f = self.dtype.type
-        p = params[lo:hi]
-        lr, wd = f(self.lr), f(self.weight_decay)
-        if self.kind == "sgd":
-            sgd_update(p, g, f(scale), lr, wd)
-        elif self.kind in ("momentum", "nesterov"):
-            momentum_update(p, g, self.m[lo:hi], f(scale), lr, f(self.momentum),
-                            self.kind == "nesterov", wd)
-        else:
-            b1, b2 = self.betas
-            adam_update(p, g, self.m[lo:hi], self.v[lo:hi], f(scale), lr, f(b1), f(b2), f(self.eps),
-                        f(1 - b1 ** self.t), f(1 - b2 ** self.t), wd, self.kind == "adamw")
+        kind, _, _, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd = self.step_args(params, g)
+        update_slice(kind, params[lo:hi], g, m[lo:hi], v[lo:hi], self.dtype.type(scale), lr, mu, b1, b2, eps,
+                     bc1, bc2, wd)
 
     def state_arrays(self):
         return {"opt_m": self.m, "opt_v": self.v}

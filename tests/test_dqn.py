@@ -301,6 +301,81 @@ def test_phase_parts_add_up_to_their_phase(targets):
     assert timer.parts["forward"]["encode"] > 0 and timer.parts["backward"]["accumulate"] == 0
 
 
+# (canonical frames, sparse input, dtype, targets, optimizer, clip, dueling, PER weights, hidden, batch)
+FUSED_CASES = [(True, True, np.float64, "double", "momentum", "global", False, False, (16, 8), 8),
+               (False, True, np.float32, "dqn", "adam", "layer", False, True, (16, 8), 8),
+               (True, False, np.float32, "double", "sgd", "none", True, False, (16, 8), 8),
+               (False, False, np.float64, "double", "adamw", "global", True, True, (16, 8), 8),
+               (True, True, np.float32, "double", "nesterov", "global", False, False, (16, 8), 8),
+               (True, True, np.float32, "double", "momentum", "global", False, False, (64,), 64)]  # panels
+
+
+@pytest.mark.parametrize("case", FUSED_CASES)
+def test_fused_step_equals_the_per_part_step_bitwise(case):
+    """The one-kernel step (fused_sampled_step) gives the same bits as the per-part path:
+    losses, td errors, gradient norms, weights, optimizer state and target copies, timed or
+    not; and its timed parts add up to their phases."""
+    from cubedqn.learner import PhaseTimer
+    canonical, sparse, dtype, targets, opt, clip, dueling, per, hidden, n = case
+    moves = np.ascontiguousarray(P2.moves[:12])
+    pair = []
+    for fused in (True, False):
+        enc = Encoder(P2, 12, canonical=canonical, sparse=sparse)
+        layout = Layout(enc.in_dim, enc.n_active, hidden, 12, dueling=dueling)
+        pair.append(Learner(layout, moves, n, enc, targets=targets, dtype=dtype, seed=3, optimizer=opt, lr=0.05,
+                            clip=clip, max_grad_norm=0.05, sparse=sparse, fused=fused, target_update_interval=2))
+    f, p = pair
+    assert f.fused and not p.fused
+    assert (f.ws.panel.size > 0) == (n == 64)
+    timer_f, timer_p = PhaseTimer(), PhaseTimer()
+    for k in range(4):
+        b = a_batch(n, seed=k)
+        b.weights[:] = np.random.default_rng(k).random(n)
+        loss = f.train_step(b, timer_f if k % 2 else None, use_weights=per)
+        assert loss == p.train_step(b, timer_p, use_weights=per)
+        same(f.td, p.td)
+        assert f.opt.last_norm == p.opt.last_norm
+        for a, c in [(f.online.params, p.online.params), (f.target.params, p.target.params), (f.opt.m, p.opt.m),
+                     (f.opt.v, p.opt.v), (f.ws.q, p.ws.q)]:
+            same(a, c)
+    assert f.updates == p.updates == 4
+    same(f.target.params, f.online.params)  # copied at updates 2 and 4
+    assert f.opt.last_norm > 0.05 or clip == "none"  # the clip was active
+    for phase, parts in timer_f.parts.items():
+        assert sum(parts.values()) == pytest.approx(timer_f.total[phase], rel=1e-9)
+    for phase in ("forward", "backward", "optimizer"):
+        assert timer_f.total[phase] > 0
+    assert all(timer_f.parts["forward"][part] > 0 for part in ("encode", "first layer", "GEMM layers"))
+    assert np.all(np.diff(f.stamps[:10]) >= 0)
+
+
+@pytest.mark.parametrize("kw,enc_kw", [(dict(targets="all-actions"), {}), (dict(grad_accum=2), {}),
+                                       (dict(lomo=True), {}), (dict(sparse_update=True), {}),
+                                       ({}, dict(symmetry=48)), ({}, dict(inputs="cubies")), (dict(fused=False), {})])
+def test_fused_step_is_left_to_configurations_it_does_not_cover(kw, enc_kw):
+    """all-actions targets, micro-batches, LOMO, lazy first-layer updates and encodings that
+    need corner codes take the per-part path (covered by the tests above)."""
+    moves = np.ascontiguousarray(P2.moves[:12])
+    enc = Encoder(P2, 12, **enc_kw)
+    layout = Layout(enc.in_dim, enc.n_active, (16,), 12)
+    assert not Learner(layout, moves, 8, enc, **kw).fused
+    assert Learner(layout, moves, 8, Encoder(P2, 12)).fused
+
+
+def test_the_kernel_clock_measures_durations():
+    """clock.stamp (read inside njit) advances with time.perf_counter over a sleep."""
+    import time
+    from cubedqn import clock
+    assert clock.AVAILABLE
+    buf = np.zeros(4, np.int64)
+    t0 = time.perf_counter_ns()
+    clock.stamp(buf, 0)
+    time.sleep(0.05)
+    clock.stamp(buf, 1)
+    t1 = time.perf_counter_ns()
+    assert 0.05e9 <= buf[1] - buf[0] <= t1 - t0
+
+
 @pytest.mark.parametrize("targets", ["double", "dqn", "all-actions"])
 @pytest.mark.parametrize("opt", ["momentum", "adam"])
 def test_accumulated_micro_batches_equal_one_batch(targets, opt):

@@ -583,15 +583,16 @@ def test_panel_object_code_is_cached_and_a_damaged_cache_is_recompiled(tmp_path)
     assert [f.name for f in (tmp_path / "cubedqn").iterdir()] == [cached.name]  # no temp files left
 
 
-def test_unknown_panels_setting_is_a_one_line_error():
+@pytest.mark.parametrize("name", ["CUBEDQN_PANELS", "CUBEDQN_FUSED"])
+def test_unknown_kernel_setting_is_a_one_line_error(name):
     import os
     import subprocess
     import sys
-    env = dict(os.environ, CUBEDQN_PANELS="yes")
+    env = dict(os.environ, **{name: "yes"})
     r = subprocess.run([sys.executable, "-m", "cubedqn.cli", "scramble", "--moves", "R U"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
-    assert r.stderr.strip() == "cubedqn: error: CUBEDQN_PANELS='yes' is not one of: 0, 1"
-    env["CUBEDQN_PANELS"] = "0"
+    assert r.stderr.strip() == f"cubedqn: error: {name}='yes' is not one of: 0, 1"
+    env[name] = "0"
     assert subprocess.run([sys.executable, "-m", "cubedqn.cli", "scramble", "--moves", "R U"], env=env,
                           capture_output=True, text=True, timeout=300).returncode == 0

@@ -116,10 +116,12 @@ def _pin(a):
 
 
 class _IdxRows:
-    """What Encoder.encode writes through: `.idx` (the sparse path's only field)."""
+    """What Encoder.encode writes through: `.idx` (the sparse path's field) and an empty `.x`
+    (the dense one's, which it passes along without writing)."""
 
     def __init__(self, idx):
         self.idx = idx
+        self.x = np.zeros((len(idx), 0), np.float32)
 
 
 class CudaLearner(Learner):
