@@ -2,7 +2,9 @@
 
 What this file is: the online network, the target network, gradients and the optimizer,
 all in the flat layout, plus the preallocated workspaces for one batch size. A step is a
-handful of Numba calls, each timed into a phase (forward, backward, optimizer):
+handful of Numba calls, each timed into a phase (forward, backward, optimizer); for dqn
+and double targets the same kernels run as one call (fused_sampled_step, below), which
+reads the clock between parts for the same timings:
 
   targets "double" (default): online forward on [s; s'] as one 2B-row GEMM chain, target
       forward on s'; y = r + gamma^n (1 - done) Q_target(s', argmax_a Q_online(s', a)).
@@ -122,6 +124,15 @@ FUSED_PARTS = (("forward", "encode"), ("forward", "first layer"), ("forward", "G
                ("backward", "GEMM layers"), ("backward", "first layer"), ("optimizer", None))
 
 
+@njit(cache=True, nogil=True)
+def copy_rows(src, dst, row0):
+    """dst[row0 + i] = src[i], element by element (see the note above cube.py's kernels:
+    an array assignment would compile its error path, seconds of a cold start)."""
+    for i in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[row0 + i, j] = src[i, j]
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights,
                        framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, act_map,
@@ -137,15 +148,15 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     norm before clipping); stamps[0..9] get the clock at the start and after each part."""
     n = states.shape[0]
     stamp(stamps, 0)
-    states[:] = b_states  # contiguous copies: the batch's fields are views of its records
-    nxt[:] = b_next
+    copy_rows(b_states, states, 0)  # contiguous copies: the batch's fields are views of its records
+    copy_rows(b_next, nxt, 0)
     encode_rotated_or_plain(framed, enc_sparse, states, home_facelets, colours, frame_perm, frame_cmap, rot,
                             idx[:n], x[:n])
     encode_rotated_or_plain(framed, enc_sparse, nxt, home_facelets, colours, frame_perm, frame_cmap, rot_next,
                             idx_t[:n], x_t[:n])
     if double:  # the online net's rows n..2n are the same inputs
-        idx[n:2 * n] = idx_t[:n]
-        x[n:2 * n] = x_t[:n]
+        copy_rows(idx_t[:n], idx, n)
+        copy_rows(x_t[:n], x, n)
     stamp(stamps, 1)
     mlp_forward_first(idx_t, x_t, sparse, Wts, bts, acts_t, n, panel_t)
     stamp(stamps, 2)
@@ -427,17 +438,19 @@ class Learner:
         self.updates += 1
         t2 = time.perf_counter()
         if timer:
-            st = self.stamps
-            spent = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+            # Python ints: arithmetic on numpy scalars made this loop cost 23 us a step
+            st = self.stamps.tolist()
+            parts, total = timer.parts, timer.total
+            # the call's way in and out goes to the first part, as the per-part path books its Python
+            extra = max(0.0, (t2 - t0) - (st[len(FUSED_PARTS)] - st[0]) * 1e-9)
             for k, (phase, part) in enumerate(FUSED_PARTS):
-                dt = (st[k + 1] - st[k]) * 1e-9
-                if k == 0:  # the call's way in and out, as the per-part path books its Python
-                    dt += max(0.0, (t2 - t0) - (st[len(FUSED_PARTS)] - st[0]) * 1e-9)
-                spent[phase] += dt
+                dt = (st[k + 1] - st[k]) * 1e-9 + (extra if k == 0 else 0.0)
+                total[phase] += dt
                 if part is not None:
-                    timer.parts[phase][part] += dt
-            for phase, dt in spent.items():
-                timer.add(phase, dt)
+                    parts[phase][part] += dt
+            t3 = time.perf_counter()  # this booking goes to the last part, as the per-part path's last lap
+            total["optimizer"] += t3 - t2
+            t2 = t3
         self.maybe_update_target(timer, t2)
         self.last_loss = loss
         return loss

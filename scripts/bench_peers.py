@@ -6,7 +6,9 @@ The step: online forward on s, online forward on s' (argmax), target forward on 
 Huber loss on the taken actions, backward, global-norm clipping (max 10), momentum
 update (0.9). cubedqn uses its sparse first layer (sticker indices); the peers get the
 dense one-hot float input they would use. A "cubedqn dense" row runs the engine with the
-dense first layer too. Prints medians, ratios to cubedqn, and the BLAS kernel in use.
+dense first layer too, and "cubedqn per-part" without the fused step (one kernel call per
+part instead of one for the whole step, as CUBEDQN_FUSED=0 does). Prints medians, ratios
+to cubedqn, and the BLAS kernel in use.
 
 Then, per shape, the bound the performance issue asks for: the step's GEMMs (their FLOPs
 over the sgemm peak measured in this process, the higher of a reading before and one after
@@ -67,11 +69,12 @@ def onehot(states):
 
 
 # ---------------------------------------------------------------------------------------
-def cubedqn_step(layout, puzzle, batch, sparse=True):
+def cubedqn_step(layout, puzzle, batch, sparse=True, fused=None):
     moves = np.ascontiguousarray(puzzle.moves[:12])
     enc = Encoder(puzzle, 12, canonical=False, sparse=sparse)
     lr = Learner(layout, moves, len(batch.actions), enc, targets="double", gamma=GAMMA, optimizer="momentum",
-                 lr=LR, momentum=MU, max_grad_norm=CLIP, sparse=sparse, target_update_interval=10 ** 9)
+                 lr=LR, momentum=MU, max_grad_norm=CLIP, sparse=sparse, target_update_interval=10 ** 9,
+                 fused=fused)
     step = lambda: lr.train_step(batch)  # noqa: E731
     step.learner = lr
     return step
@@ -338,6 +341,7 @@ def main():
         layout = Layout(puzzle.n_stickers * 6, puzzle.n_stickers, hidden, 12)
         batch = make_data(puzzle, bsz)
         impls = {"cubedqn": cubedqn_step(layout, puzzle, batch),
+                 "cubedqn per-part": cubedqn_step(layout, puzzle, batch, fused=False),
                  "cubedqn dense": cubedqn_step(layout, puzzle, batch, sparse=False)}
         skipped = []
         for peer in args.peers.split(","):
