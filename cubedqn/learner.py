@@ -134,6 +134,18 @@ def copy_rows(src, dst, row0):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, dueling, stamps, k):
+    """MLP.forward_ws inside the fused step: Q-values of the first `rows` input rows into q;
+    stamps[k] after the first layer, stamps[k + 1] after the GEMM layers (and dueling head)."""
+    mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel)
+    stamp(stamps, k)
+    mlp_forward_upper(Ws, bs, acts, rows)
+    if dueling:
+        dueling_forward(acts[-1][:rows], q[:rows])
+    stamp(stamps, k + 1)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights,
                        framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, act_map,
                        states, nxt, rot, rot_next, actions_c,
@@ -158,19 +170,8 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
         copy_rows(idx_t[:n], idx, n)
         copy_rows(x_t[:n], x, n)
     stamp(stamps, 1)
-    mlp_forward_first(idx_t, x_t, sparse, Wts, bts, acts_t, n, panel_t)
-    stamp(stamps, 2)
-    mlp_forward_upper(Wts, bts, acts_t, n)
-    if dueling:
-        dueling_forward(acts_t[-1][:n], q_t[:n])
-    stamp(stamps, 3)
-    rows = 2 * n if double else n
-    mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel)
-    stamp(stamps, 4)
-    mlp_forward_upper(Ws, bs, acts, rows)
-    if dueling:
-        dueling_forward(acts[-1][:rows], q[:rows])
-    stamp(stamps, 5)
+    forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, dueling, stamps, 2)
+    forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n if double else n, panel, dueling, stamps, 4)
     sampled_targets(q[n:2 * n] if double else q_t[:n], q_t[:n], b_rewards, b_dones, b_discounts, double, y)
     actions_to_canonical(b_actions, rot, act_map, actions_c)
     loss = loss_taken(q[:n], actions_c, y, weights, scale, loss_kind, dq, td, n)
