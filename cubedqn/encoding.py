@@ -481,11 +481,10 @@ class Encoder:
                                     self.frame_perm, self.frame_cmap, np.zeros(n, np.int64) if rot is None else rot,
                                     ws.idx[row0:row0 + n], ws.x[row0:row0 + n])
             return None
-        else:
-            if len(self._codes) < n:
-                self._codes = np.zeros((n, 8), np.int64)
-            codes = self._codes[:n]
-            self.frames(states, rot, codes)
+        if len(self._codes) < n:
+            self._codes = np.zeros((n, 8), np.int64)
+        codes = self._codes[:n]
+        self.frames(states, rot, codes)
         if self.inputs == "pairs":
             encode_pairs_from_codes(codes, ws.idx[row0:row0 + n])
         elif self.inputs == "cubies":
