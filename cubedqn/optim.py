@@ -119,6 +119,23 @@ def update_slice(kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
 
 
 @njit(cache=True, error_model="numpy")
+def clip_factor(norm, max_norm):
+    """The factor clipping to max_norm applies to a gradient of this norm (1 = no clip; a
+    max_norm of 0 or less turns clipping off)."""
+    return max_norm / (norm + 1e-6) if max_norm > 0 and norm > max_norm else 1.0
+
+
+@njit(cache=True, error_model="numpy")
+def clipped_slice(kind, clip_on, max_norm, p, g, m, v, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    """Clip g on its own norm (if clip_on) and update the slice p (state m, v); returns g's
+    squared norm. Per-layer clipping (clipped_step) and LOMO's layer-by-layer updates."""
+    sq = sq_norm(g)
+    scale = clip_factor(np.sqrt(sq), max_norm) if clip_on else 1.0
+    update_slice(kind, p, g, m, v, p.dtype.type(scale), lr, mu, b1, b2, eps, bc1, bc2, wd)
+    return sq
+
+
+@njit(cache=True, error_model="numpy")
 def clipped_step(kind, clip, max_norm, params, grads, m, v, slices, lr, mu, b1, b2, eps, bc1, bc2, wd):
     """Clip grads (clip: CLIP_CODES; `slices` (L, 2) are the layers' [lo, hi) for "layer")
     and update params and state in place; returns the global norm before clipping."""
@@ -126,16 +143,12 @@ def clipped_step(kind, clip, max_norm, params, grads, m, v, slices, lr, mu, b1, 
         total = 0.0
         for l in range(slices.shape[0]):
             lo, hi = slices[l, 0], slices[l, 1]
-            sq = sq_norm(grads[lo:hi])
-            norm = np.sqrt(sq)
-            scale = max_norm / (norm + 1e-6) if max_norm > 0 and norm > max_norm else 1.0
             # (m and v are empty where the kind keeps no such state: their slices stay empty)
-            update_slice(kind, params[lo:hi], grads[lo:hi], m[lo:hi], v[lo:hi], params.dtype.type(scale), lr, mu,
-                         b1, b2, eps, bc1, bc2, wd)
-            total += sq
+            total += clipped_slice(kind, True, max_norm, params[lo:hi], grads[lo:hi], m[lo:hi], v[lo:hi], lr, mu,
+                                   b1, b2, eps, bc1, bc2, wd)
         return np.sqrt(total)
     norm = np.sqrt(sq_norm(grads))
-    scale = max_norm / (norm + 1e-6) if clip == 0 and max_norm > 0 and norm > max_norm else 1.0
+    scale = clip_factor(norm, max_norm) if clip == 0 else 1.0
     update_slice(kind, params, grads, m, v, params.dtype.type(scale), lr, mu, b1, b2, eps, bc1, bc2, wd)
     return norm
 
@@ -282,9 +295,7 @@ class Optimizer:
 
     def clip_scale(self, norm: float) -> float:
         """The factor global-norm clipping applies to a gradient of this norm (1 = no clip)."""
-        if self.clip == "global" and self.max_grad_norm > 0 and norm > self.max_grad_norm:
-            return self.max_grad_norm / (norm + 1e-6)
-        return 1.0
+        return float(clip_factor(norm, float(self.max_grad_norm))) if self.clip == "global" else 1.0
 
     def begin_step(self):
         self.lr = schedule_lr(self.schedule, self.lr0, self.lr_final, self.t, self.total_steps, self.progress)
@@ -295,13 +306,9 @@ class Optimizer:
 
         Call begin_step() once per step before the first apply (LOMO does this).
         """
-        sq = sq_norm(grad_slice)
-        scale = 1.0
-        norm = math.sqrt(sq)
-        if self.clip != "none" and self.max_grad_norm > 0 and norm > self.max_grad_norm:
-            scale = self.max_grad_norm / (norm + 1e-6)
-        self._update(params, grad_slice, lo, hi, scale)
-        return sq
+        kind, _, max_norm, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd = self.step_args(params, grad_slice)
+        return float(clipped_slice(kind, self.clip != "none", max_norm, params[lo:hi], grad_slice, m[lo:hi],
+                                   v[lo:hi], lr, mu, b1, b2, eps, bc1, bc2, wd))
 
     def _update(self, params, g, lo, hi, scale):
         kind, _, _, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd = self.step_args(params, g)
