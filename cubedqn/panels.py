@@ -43,14 +43,11 @@ The caller guarantees contiguous rows, idx within [0, in), and distinct buffers.
 
 from __future__ import annotations
 
-import hashlib
-import os
-from pathlib import Path
-
-import llvmlite
 import llvmlite.binding as llb
 import llvmlite.ir as ir
 from numba import types
+
+from .native import load_or_compile
 
 PANEL = 32          # columns per panel
 LANES = 16          # floats per vector (two 256-bit registers where there is no AVX-512)
@@ -295,82 +292,11 @@ def _make_fallbacks():
     return gather_loops, scatter_loops
 
 
-# The machine code is kept between processes (building the IR and compiling it took
-# 30-60 ms, at every import): one object file per (this source, llvmlite, LLVM, CPU), in
-# NUMBA_CACHE_DIR when that is set, else beside numba's own cache in this package's
-# __pycache__; nowhere if neither is writable. The file starts with the SHA-256 of the
-# object code and is used only if that matches (LLVM is not handed a damaged object).
-_MAGIC = b"cubedqn-panels-object-1\n"
-
-
-def _cache_path(tm_triple, cpu, features):
-    from numba.core.config import CACHE_DIR
-    key = hashlib.sha256("\0".join((Path(__file__).read_text(), llvmlite.__version__,
-                                     ".".join(map(str, llb.llvm_version_info)), tm_triple, cpu,
-                                     features)).encode()).hexdigest()[:20]
-    folder = Path(CACHE_DIR) / "cubedqn" if CACHE_DIR else Path(__file__).parent / "__pycache__"
-    return folder / f"panels-{key}.o"
-
-
-def _read_cached(path):
-    """The cached object code, or None (absent, unreadable or not matching its digest)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    head, digest, obj = data[:len(_MAGIC)], data[len(_MAGIC):len(_MAGIC) + 32], data[len(_MAGIC) + 32:]
-    return obj if head == _MAGIC and obj and hashlib.sha256(obj).digest() == digest else None
-
-
-def _write_cached(path, obj):
-    """Atomically (temp file + rename); a cache that cannot be written is not an error."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(_MAGIC + hashlib.sha256(obj).digest() + obj)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-
-
-def _engine_for(tm, obj):
-    """An MCJIT engine holding the object code `obj`, both symbols bound to it."""
-    engine = llb.create_mcjit_compiler(llb.parse_assembly(""), tm)
-    engine.add_object_file(llb.ObjectFileRef.from_data(obj))
-    engine.finalize_object()
-    for name in (GATHER, SCATTER):
-        address = engine.get_function_address(name)
-        if not address:
-            raise RuntimeError(f"{name} is not in the object code")
-        llb.add_symbol(name, address)
-    return engine
-
-
 def _compile():
-    """Load the object code compiled for this CPU before, or compile it; returns the engine
-    (which owns the code) after binding both symbols. Sets SOURCE."""
+    """Load the object code compiled for this CPU before, or compile it (native.py); returns
+    the engine (which owns the code) after binding both symbols. Sets SOURCE."""
     global SOURCE
-    llb.initialize_native_target()
-    llb.initialize_native_asmprinter()
-    cpu, features = llb.get_host_cpu_name(), llb.get_host_cpu_features().flatten()
-    tm = llb.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
-    path = _cache_path(tm.triple, cpu, features)
-    obj = _read_cached(path)
-    if obj is not None:
-        try:
-            engine = _engine_for(tm, obj)
-            SOURCE = "cache"
-            return engine
-        except Exception:  # intact but unusable here after all: compile it again
-            pass
-    mod = llb.parse_assembly(module_ir())
-    mod.triple = tm.triple
-    mod.verify()
-    # no IR pass pipeline: the loops are already written as wanted, and it took ~50 of ~70 ms
-    obj = tm.emit_object(mod)
-    engine = _engine_for(tm, obj)
-    _write_cached(path, obj)
-    SOURCE = "compiled"
+    engine, SOURCE = load_or_compile("panels", __file__, module_ir, (GATHER, SCATTER))
     return engine
 
 

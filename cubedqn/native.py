@@ -1,0 +1,99 @@
+"""Machine code from LLVM IR for this CPU, kept on disk between processes.
+
+What this file is: the loader panels.py (the sparse first layer) and tile_gemm.py (the
+small-GEMM register tile) share. `load_or_compile` returns an MCJIT engine holding the
+module's object code with its functions bound as external symbols (so cached njit
+kernels, and other IR modules, call them by name). The object code is compiled once per
+(the kernel module's source, llvmlite, LLVM, CPU, features) and kept in NUMBA_CACHE_DIR
+when that is set, else beside numba's own cache in this package's __pycache__; nowhere if
+neither is writable. The file starts with the SHA-256 of the object code and is used only
+if that matches (LLVM is not handed a damaged object).
+
+What it is not: an IR builder (each kernel module writes its own) or a fallback (a
+caller that catches the exception binds plain Numba loops or another library instead).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import llvmlite
+import llvmlite.binding as llb
+
+_MAGIC = b"cubedqn-panels-object-1\n"
+
+
+def _cache_path(stem, source, tm_triple, cpu, features):
+    from numba.core.config import CACHE_DIR
+    key = hashlib.sha256("\0".join((source, llvmlite.__version__, ".".join(map(str, llb.llvm_version_info)),
+                                     tm_triple, cpu, features)).encode()).hexdigest()[:20]
+    folder = Path(CACHE_DIR) / "cubedqn" if CACHE_DIR else Path(__file__).parent / "__pycache__"
+    return folder / f"{stem}-{key}.o"
+
+
+def _read_cached(path):
+    """The cached object code, or None (absent, unreadable or not matching its digest)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head, digest, obj = data[:len(_MAGIC)], data[len(_MAGIC):len(_MAGIC) + 32], data[len(_MAGIC) + 32:]
+    return obj if head == _MAGIC and obj and hashlib.sha256(obj).digest() == digest else None
+
+
+def _write_cached(path, obj):
+    """Atomically (temp file + rename); a cache that cannot be written is not an error."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(_MAGIC + hashlib.sha256(obj).digest() + obj)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _engine_for(tm, obj, symbols):
+    """An MCJIT engine holding the object code `obj`, each of `symbols` bound to it.
+    External symbols the code calls must be bound (llb.add_symbol) before this."""
+    engine = llb.create_mcjit_compiler(llb.parse_assembly(""), tm)
+    engine.add_object_file(llb.ObjectFileRef.from_data(obj))
+    engine.finalize_object()
+    for name in symbols:
+        address = engine.get_function_address(name)
+        if not address:
+            raise RuntimeError(f"{name} is not in the object code")
+        llb.add_symbol(name, address)
+    return engine
+
+
+def host_features() -> str:
+    llb.initialize_native_target()
+    return llb.get_host_cpu_features().flatten()
+
+
+def load_or_compile(stem, source_file, build_ir, symbols, extra_features=""):
+    """(engine, "cache" or "compiled"): the object code of build_ir() for this CPU, from
+    the cache file when one matches, else compiled now (and written to the cache). The
+    key is source_file's text, so an edit there compiles afresh. Raises where LLVM cannot
+    compile the IR here. extra_features are appended to the host's (e.g. "-prefer-256-bit")."""
+    llb.initialize_native_target()
+    llb.initialize_native_asmprinter()
+    cpu, features = llb.get_host_cpu_name(), host_features() + extra_features
+    tm = llb.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
+    path = _cache_path(stem, Path(source_file).read_text(), tm.triple, cpu, features)
+    obj = _read_cached(path)
+    if obj is not None:
+        try:
+            return _engine_for(tm, obj, symbols), "cache"
+        except Exception:  # intact but unusable here after all: compile it again
+            pass
+    mod = llb.parse_assembly(build_ir())
+    mod.triple = tm.triple
+    mod.verify()
+    # no IR pass pipeline: the loops are already written as wanted, and it took ~50 of ~70 ms
+    obj = tm.emit_object(mod)
+    engine = _engine_for(tm, obj, symbols)
+    _write_cached(path, obj)
+    return engine, "compiled"
