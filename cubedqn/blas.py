@@ -40,6 +40,8 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import overload
 
+from . import tile_gemm
+
 SYMBOL = "cubedqn_sgemm64"
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 CHOICES = ("numpy", "scipy")
@@ -194,6 +196,45 @@ def _numpy_openblas():
     return None
 
 
+def _check_tile(fn) -> bool:
+    """Does fn compute the products its tile takes right (8-row blocks, a leftover row, a
+    panel and tail columns, A as is and transposed, leading dimensions wider than the
+    matrices), bitwise the same row by row whatever the number of rows?"""
+    rng = np.random.default_rng(1)
+    m, n, k = 9, 40, 7
+    for ta in (NO_TRANS, TRANS):
+        a = rng.standard_normal((m, k + 3) if ta == NO_TRANS else (k, m + 3)).astype(np.float32)
+        b = rng.standard_normal((k, n + 2)).astype(np.float32)
+        op_a = a[:, :k] if ta == NO_TRANS else a[:, :m].T
+        want = op_a.astype(np.float64) @ b[:, :n].astype(np.float64)
+        outs = []
+        for rows in (m, 1):
+            buf = np.full((m, n + 1), np.nan, np.float32)
+            fn(ROW_MAJOR, ta, NO_TRANS, rows, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, n + 2, 0.0,
+               buf.ctypes.data, n + 1)
+            outs.append(buf[:rows, :n])
+        if not (np.allclose(outs[0], want, rtol=1e-5, atol=1e-5) and np.array_equal(outs[1], outs[0][:1])):
+            return False
+    return True
+
+
+def _bind_tile(library_address):
+    """Bind SYMBOL to tile_gemm's sgemm (which calls the library for what it leaves) where
+    CUBEDQN_TILE_GEMM allows and the CPU has AVX-512; returns (engine or None, why not)."""
+    llb.add_symbol(tile_gemm.LIBRARY, library_address)
+    if not TILE_WANTED:
+        return None, "off (CUBEDQN_TILE_GEMM=0)"
+    try:
+        engine, _ = tile_gemm.compile_tile()
+    except Exception as e:  # no AVX-512, or an LLVM that cannot target this CPU
+        return None, f"not used: {e}"
+    address = engine.get_function_address(tile_gemm.TILE)
+    if not (_check(_CTYPES_SIG(address)) and _check_tile(_CTYPES_SIG(address))):
+        return None, "not used: it failed the check on small products"
+    llb.add_symbol(SYMBOL, address)
+    return engine, None
+
+
 def _bind():
     """Bind SYMBOL; returns (choice, threadpoolctl info of the library or None, problem)."""
     wanted = os.environ.get("CUBEDQN_BLAS", "").strip().lower() or "numpy"
@@ -205,9 +246,19 @@ def _bind():
     if found:
         addr, info = found
         llb.add_symbol(SYMBOL, addr)
-        return "numpy", info, problem
-    llb.add_symbol(SYMBOL, _make_fallback().address)
-    return "scipy", None, problem
+        return "numpy", info, problem, addr
+    addr = _make_fallback().address
+    llb.add_symbol(SYMBOL, addr)
+    return "scipy", None, problem, addr
 
 
-BACKEND, BACKEND_INFO, CONFIG_PROBLEM = _bind()
+# CUBEDQN_TILE_GEMM=0 leaves every product to the library (for side-by-side timings); 1
+# (default) lets tile_gemm take the ones it is faster on. Another value is reported by the
+# CLI (exit 2).
+_TILE_ENV = os.environ.get("CUBEDQN_TILE_GEMM", "1").strip()
+TILE_PROBLEM = None if _TILE_ENV in ("0", "1") else \
+    f"CUBEDQN_TILE_GEMM={os.environ['CUBEDQN_TILE_GEMM']!r} is not one of: 0, 1"
+TILE_WANTED = _TILE_ENV != "0"
+BACKEND, BACKEND_INFO, CONFIG_PROBLEM, _LIBRARY_ADDRESS = _bind()
+_TILE_ENGINE, TILE_STATUS = _bind_tile(_LIBRARY_ADDRESS)
+TILE = _TILE_ENGINE is not None  # tile_gemm.py takes the products it is faster on

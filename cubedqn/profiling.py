@@ -57,7 +57,8 @@ def blas_info() -> dict:
                     infos[0] if infos else {})
     return {"library": pick.get("internal_api", "unknown"), "version": pick.get("version"),
             "kernel": pick.get("architecture"), "threads": pick.get("num_threads"), "source": blas.BACKEND,
-            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
+            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+            "tile_gemm": "on" if blas.TILE else blas.TILE_STATUS}
 
 
 def cpu_info() -> dict:
@@ -235,7 +236,8 @@ def format_report(r: dict) -> str:
                  f"({m['replay_per_transition']} B/transition)")
     b = r["blas"]
     lines.append(f"BLAS: {b['library']} {b['version']} ({b.get('source', 'scipy')}'s) kernel {b['kernel']}, "
-                 f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
+                 f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}; "
+                 f"tile GEMM (tile_gemm.py: K <= 256, N >= 32) {b.get('tile_gemm', 'absent')}")
     if r.get("cpu"):
         lines.append(f"CPU: {describe_cpu(r['cpu'])}")
     if r.get("blas_probe"):

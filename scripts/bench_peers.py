@@ -289,7 +289,7 @@ def blas_kernel():
     from cubedqn.profiling import blas_info
     b = blas_info()
     return (f"{b['library']} {b['version']} ({b['source']}'s, see cubedqn/blas.py) kernel {b['kernel']}, "
-            f"OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}")
+            f"OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}; tile GEMM (cubedqn/tile_gemm.py) {b['tile_gemm']}")
 
 
 def print_table(med, base, flops, width=16):

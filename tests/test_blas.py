@@ -148,3 +148,76 @@ def test_unknown_choice_is_a_one_line_error():
                        capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip() == "cubedqn: error: CUBEDQN_BLAS='mkl' is not one of: numpy, scipy"
+
+
+# --- tile_gemm.py: the register tile blas.py binds as the GEMM symbol on AVX-512 CPUs -------
+
+needs_tile = pytest.mark.skipif(not blas.TILE, reason=f"tile GEMM not bound here: {blas.TILE_STATUS}")
+
+
+def _tile():
+    return blas._CTYPES_SIG(blas._TILE_ENGINE.get_function_address(blas.tile_gemm.TILE))
+
+
+def _tile_cases():
+    """(m, n, k, transposed A): the 8-row blocks and leftover rows, full panels and tail
+    columns, K at and past the tile's bound, and the shapes the library keeps."""
+    for m in (1, 7, 8, 9, 64, 67):
+        for n in (12, 32, 40, 256):
+            for k in (1, 5, 256, 257):
+                yield m, n, k, False
+    for m, n, k in ((256, 256, 64), (257, 64, 8), (9, 40, 7), (1, 33, 3)):
+        yield m, n, k, True
+
+
+@needs_tile
+@pytest.mark.parametrize("m,n,k,trans_a", list(_tile_cases()))
+def test_tile_sgemm_matches_float64_reference(m, n, k, trans_a):
+    """Through the bound symbol's ctypes face, leading dimensions wider than the matrices,
+    C's padding left untouched; products the tile leaves go to the library, same result."""
+    rng = np.random.default_rng(m * 10007 + n * 101 + k)
+    a = rng.standard_normal((k, m + 3) if trans_a else (m, k + 3)).astype(np.float32)
+    op_a = a[:, :m].T if trans_a else a[:, :k]
+    b = rng.standard_normal((k, n + 5)).astype(np.float32)[:, :n]
+    want = op_a.astype(np.float64) @ b.astype(np.float64)
+    out = np.full((m, n + 2), np.nan, np.float32)
+    _tile()(ROW_MAJOR, TRANS if trans_a else NO_TRANS, NO_TRANS, m, n, k, 1.0, a.ctypes.data, a.shape[1],
+            b.ctypes.data, n + 5, 0.0, out.ctypes.data, n + 2)
+    np.testing.assert_allclose(out[:, :n], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    assert np.isnan(out[:, n:]).all()
+
+
+@needs_tile
+def test_tile_rows_do_not_depend_on_the_rows_beside_them():
+    """Bitwise: a row computed alone, in an 8-row block or as a leftover row is the same
+    K fused multiply-adds in the same order (the engine's chunked paths rely on it)."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((67, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 96)).astype(np.float32)
+    full = np.empty((67, 96), np.float32)
+    _gemm_jit(a, b, full)
+    for lo, hi in ((0, 1), (3, 11), (60, 67), (8, 16), (64, 67)):
+        part = np.empty((hi - lo, 96), np.float32)
+        _gemm_jit(a[lo:hi], b, part)
+        np.testing.assert_array_equal(part, full[lo:hi])
+
+
+@needs_tile
+def test_tile_passes_its_check_and_a_wrong_one_does_not():
+    assert blas._check(_tile()) and blas._check_tile(_tile())
+    noop = blas._CTYPES_SIG(lambda *args: None)
+    assert not blas._check_tile(noop)
+
+
+def test_tile_off_gives_the_same_network_rows():
+    """CUBEDQN_TILE_GEMM=0 binds the library alone; the network's rows agree to float32
+    rounding (the library sums in another order)."""
+    rows = {}
+    for flag in ("0", "1"):
+        env = dict(os.environ, CUBEDQN_TILE_GEMM=flag)
+        code = _NETWORK_ROWS.replace("print(blas.BACKEND,", "print(blas.TILE,")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             check=True).stdout.split()
+        rows[flag] = (out[0], np.array([float(v) for v in out[1:]]))
+    assert rows["0"][0] == "False" and rows["1"][0] == str(blas.TILE)
+    np.testing.assert_allclose(rows["1"][1], rows["0"][1], rtol=1e-5, atol=1e-5)

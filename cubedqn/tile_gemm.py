@@ -1,0 +1,174 @@
+"""A float32 GEMM for the step's small products, as an AVX-512 register tile in LLVM IR.
+
+What this file is: one function, `cubedqn_tile_sgemm64`, with the CBLAS ILP64 sgemm
+signature, that blas.py binds as the engine's GEMM symbol (`cubedqn_sgemm64`) on CPUs with
+AVX-512. It computes C = op(A) @ B itself where that beats OpenBLAS and hands every other
+product (or the columns it leaves) to the library sgemm, bound as `cubedqn_blas_sgemm64`:
+
+  taken here  row-major, alpha 1, beta 0, B not transposed, 1 <= K <= 256, N >= 32; A as
+              is (forward layers: (B, in) @ (in, out)) or transposed with M <= 256
+              (weight gradients: acts^T @ delta). The first N - N mod 32 columns; the
+              rest go to the library in a second call.
+  the library everything else: K > 256 (the 3x3x3's 1024-wide layer), B transposed (input
+              gradients: delta @ W^T), narrow outputs (the 12-action head), a transposed A
+              with M > 256 (there the tile ran 0.8-0.9x OpenBLAS).
+
+How: for each 32 columns of C it copies B's K x 32 panel into a stack buffer (at most
+32 KB: it stays in L1, where B's rows read in place, 1 KB apart, evict each other), then
+for each 8 rows of C keeps the 8 x 32 tile in 16 zmm accumulators while it walks K: per k
+two loads of the panel row, eight broadcasts of A, sixteen FMAs. Rows left over (M mod 8)
+run the same walk one row at a time. OpenBLAS packs both operands and blocks for caches:
+at 64 x 256 x 256 its fixed costs are a quarter of the product (see README, Design notes).
+
+Arithmetic: each element of C is fma(a[k], b[k], acc) over k = 0..K-1 in order from zero
+(K fused multiply-adds, one rounding each), whatever M is and whichever 8-row block or
+single row it falls in: a row's result never depends on the other rows of the call (the
+chunked paths and the target cache rely on that, tests/blas_rows.py).
+
+What it is not: a general BLAS (no cache blocking: K and M are bounded as above), or built
+for AVX2 (16 accumulators of 32 floats need 32 registers; on CPUs without AVX-512 nothing
+here is compiled and blas.py binds the library alone).
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from .native import host_features, load_or_compile
+
+TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
+MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), floats per zmm register
+KMAX = 256                  # the panel buffer: KMAX x NR floats on the stack (32 KB)
+TRANS_A_MAX_M = 256         # a transposed A is taken up to this many rows of C
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+
+
+def _signature():
+    i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+    fp = f32.as_pointer()
+    return ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, fp, i64, fp, i64, f32, fp, i64])
+
+
+def module_ir() -> str:
+    mod = ir.Module(name="cubedqn_tile_gemm")
+    i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+    vec = ir.VectorType(f32, LANES)
+    library = ir.Function(mod, _signature(), name=LIBRARY)
+    fn = ir.Function(mod, _signature(), name=TILE)
+    order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc = fn.args
+    fma = ir.Function(mod, ir.FunctionType(vec, [vec, vec, vec]), name=f"llvm.fma.v{LANES}f32")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def c64(v):
+        return ir.Constant(i64, v)
+
+    def c32(v):
+        return ir.Constant(i32, v)
+
+    # --- which calls the tile takes (the module docstring's rule)
+    trans = b.icmp_signed("==", ta, c32(TRANS))
+    conds = [b.icmp_signed("==", order, c32(ROW_MAJOR)), b.icmp_signed("==", tb, c32(NO_TRANS)),
+             b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)), b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)),
+             b.icmp_signed(">=", K, c64(1)), b.icmp_signed("<=", K, c64(KMAX)), b.icmp_signed(">=", N, c64(NR)),
+             b.icmp_signed(">=", M, c64(1)),
+             b.or_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.and_(trans, b.icmp_signed("<=", M, c64(TRANS_A_MAX_M))))]
+    take = conds[0]
+    for cond in conds[1:]:
+        take = b.and_(take, cond)
+    tile_bb, lib_bb = fn.append_basic_block("tile"), fn.append_basic_block("library")
+    b.cbranch(take, tile_bb, lib_bb)
+    b.position_at_end(lib_bb)
+    b.call(library, fn.args)
+    b.ret_void()
+
+    b.position_at_end(tile_bb)
+    panel = b.alloca(ir.ArrayType(f32, KMAX * NR))
+    panel.align = 64
+    panel = b.bitcast(panel, f32.as_pointer())
+    row_step = b.select(trans, c64(1), lda)  # A's element (i, k) is at i * row_step + k * k_step
+    k_step = b.select(trans, lda, c64(1))
+    n_tiled = b.sub(N, b.srem(N, c64(NR)))
+
+    def loop(start, stop, step, name, carried=()):
+        """`for i in range(start, stop - step + 1, step)`: returns (i, carried phis, close)."""
+        pre = b.block
+        head, body, done = (b.append_basic_block(f"{name}.{x}") for x in ("head", "body", "done"))
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(i64, name)
+        i.add_incoming(start, pre)
+        phis = []
+        for n_, init in enumerate(carried):
+            ph = b.phi(init.type, f"{name}.c{n_}")
+            ph.add_incoming(init, pre)
+            phis.append(ph)
+        b.cbranch(b.icmp_signed("<=", b.add(i, c64(step)), stop), body, done)
+        b.position_at_end(body)
+
+        def close(values=()):
+            end = b.block
+            i.add_incoming(b.add(i, c64(step)), end)
+            for ph, v in zip(phis, values):
+                ph.add_incoming(v, end)
+            b.branch(head)
+            b.position_at_end(done)
+            return phis
+
+        return i, phis, close
+
+    def vptr(ptr, off):
+        return b.bitcast(b.gep(ptr, [off]), vec.as_pointer())
+
+    nv = NR // LANES
+    zero = ir.Constant(vec, [0.0] * LANES)
+    lane0 = ir.Constant(i32, 0)
+    splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+    undef = ir.Constant(vec, ir.Undefined)
+
+    j0, _, close_j = loop(c64(0), n_tiled, NR, "j")
+    k, _, close_pack = loop(c64(0), K, 1, "pack")  # B[:, j0:j0+32] -> panel (K x 32, contiguous)
+    for v in range(nv):
+        row = b.load(vptr(B, b.add(b.mul(k, ldb), b.add(j0, c64(v * LANES)))), align=4)
+        b.store(row, vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64)
+    close_pack()
+
+    def rows_from(start, mr):
+        """C rows [start, M) mr at a time (fewer left over stay for the next call); returns
+        the first row not done."""
+        i0, _, close_i = loop(start, M, mr, f"i{mr}")
+        k, accs, close_k = loop(c64(0), K, 1, f"k{mr}", [zero] * (mr * nv))
+        bv = [b.load(vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64) for v in range(nv)]
+        new = []
+        for r in range(mr):
+            a = b.load(b.gep(A, [b.add(b.mul(b.add(i0, c64(r)), row_step), b.mul(k, k_step))]))
+            av = b.shuffle_vector(b.insert_element(undef, a, lane0), undef, splat)
+            new += [b.call(fma, [av, bv[v], accs[r * nv + v]]) for v in range(nv)]
+        sums = close_k(new)
+        for r in range(mr):
+            base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
+            for v in range(nv):
+                b.store(sums[r * nv + v], vptr(C, b.add(base, c64(v * LANES))), align=4)
+        close_i()
+        return i0
+
+    rows_from(rows_from(c64(0), MR), 1)
+    close_j()
+    # the columns past the last full panel: the library, on that block of B and C
+    rest_bb, done_bb = fn.append_basic_block("rest"), fn.append_basic_block("done")
+    b.cbranch(b.icmp_signed("<", n_tiled, N), rest_bb, done_bb)
+    b.position_at_end(rest_bb)
+    b.call(library, [order, ta, tb, M, b.sub(N, n_tiled), K, alpha, A, lda, b.gep(B, [n_tiled]), ldb, beta,
+                     b.gep(C, [n_tiled]), ldc])
+    b.branch(done_bb)
+    b.position_at_end(done_bb)
+    b.ret_void()
+    return str(mod)
+
+
+def compile_tile():
+    """(engine, "cache" or "compiled") with TILE bound; LIBRARY must be bound before.
+    Raises where the CPU has no AVX-512 or LLVM cannot compile the IR."""
+    if "+avx512f" not in host_features().split(","):
+        raise RuntimeError("needs AVX-512 (16 accumulators of 32 floats)")
+    # LLVM's default for these CPUs is 256-bit vectors; the tile is written for 512
+    return load_or_compile("tile-gemm", __file__, module_ir, (TILE,), ",-prefer-256-bit")
