@@ -22,7 +22,7 @@ from pathlib import Path
 import llvmlite
 import llvmlite.binding as llb
 
-_MAGIC = b"cubedqn-panels-object-1\n"
+_MAGIC = b"cubedqn-llvm-object-1\n"
 
 
 def _cache_path(stem, source, tm_triple, cpu, features):
