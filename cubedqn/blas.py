@@ -201,8 +201,8 @@ def _check_tile(fn) -> bool:
     panel and tail columns, A as is and transposed, leading dimensions wider than the
     matrices), bitwise the same row by row whatever the number of rows?"""
     rng = np.random.default_rng(1)
-    m, n, k = 9, 40, 7
-    for ta in (NO_TRANS, TRANS):
+    m, n = 9, 40
+    for ta, k in ((NO_TRANS, 7), (TRANS, 7), (NO_TRANS, 300)):  # 300: two blocks of K
         a = rng.standard_normal((m, k + 3) if ta == NO_TRANS else (k, m + 3)).astype(np.float32)
         b = rng.standard_normal((k, n + 2)).astype(np.float32)
         op_a = a[:, :k] if ta == NO_TRANS else a[:, :m].T

@@ -5,27 +5,30 @@ signature, that blas.py binds as the engine's GEMM symbol (`cubedqn_sgemm64`) on
 AVX-512. It computes C = op(A) @ B itself where that beats OpenBLAS and hands every other
 product (or the columns it leaves) to the library sgemm, bound as `cubedqn_blas_sgemm64`:
 
-  taken here  row-major, alpha 1, beta 0, B not transposed, 1 <= K <= 256, N >= 32; A as
-              is (forward layers: (B, in) @ (in, out)) or transposed with M <= 256
-              (weight gradients: acts^T @ delta). The first N - N mod 32 columns; the
-              rest go to the library in a second call.
-  the library everything else: K > 256 (the 3x3x3's 1024-wide layer), B transposed (input
-              gradients: delta @ W^T), narrow outputs (the 12-action head), a transposed A
-              with M > 256 (there the tile ran 0.8-0.9x OpenBLAS).
+  taken here  row-major, alpha 1, beta 0, B not transposed, N >= 32, and either A as is
+              with K <= 512 (forward layers: (B, in) @ (in, out)) or A transposed with
+              M, K <= 256 (weight gradients at batch <= 256: acts^T @ delta). The first
+              N - N mod 32 columns; the rest go to the library in a second call.
+  the library everything else: K > 512 (the 3x3x3's 1024-wide layer: 0.92-1.03x there),
+              B transposed (input gradients: delta @ W^T), narrow outputs (the
+              12-action head), a transposed A with M > 256 (0.8-1.0x) or K > 256 (1.0x).
 
-How: for each 32 columns of C it copies B's K x 32 panel into a stack buffer (at most
-32 KB: it stays in L1, where B's rows read in place, 1 KB apart, evict each other), then
-for each 8 rows of C keeps the 8 x 32 tile in 16 zmm accumulators while it walks K: per k
-two loads of the panel row, eight broadcasts of A, sixteen FMAs. Rows left over (M mod 8)
-run the same walk one row at a time. OpenBLAS packs both operands and blocks for caches:
-at 64 x 256 x 256 its fixed costs are a quarter of the product (see README, Design notes).
+How: for each 32 columns of C and each block of up to 256 values of k, it copies that
+block of B's panel (at most 256 x 32 floats, 32 KB) into a stack buffer, where it stays
+in L1 (B's rows read in place, 1 KB or more apart, evict each other). Then for each 8
+rows of C it keeps the 8 x 32 tile in 16 zmm accumulators (from zero in the first block,
+from C after it) while it walks the block: per k two loads of the panel row, eight
+broadcasts of A, sixteen FMAs. Rows left over (M mod 8) run the same walk one row at a
+time. OpenBLAS packs both operands and blocks for caches: at 64 x 256 x 256 its fixed
+costs are a quarter of the product (see README, Design notes).
 
 Arithmetic: each element of C is fma(a[k], b[k], acc) over k = 0..K-1 in order from zero
-(K fused multiply-adds, one rounding each), whatever M is and whichever 8-row block or
-single row it falls in: a row's result never depends on the other rows of the call (the
-chunked paths and the target cache rely on that, tests/blas_rows.py).
+(K fused multiply-adds, one rounding each; a K block's sums go through C unchanged),
+whatever M is and whichever 8-row block or single row it falls in: a row's result never
+depends on the other rows of the call (the chunked paths and the target cache rely on
+that, tests/blas_rows.py).
 
-What it is not: a general BLAS (no cache blocking: K and M are bounded as above), or built
+What it is not: a general BLAS (no blocking for L2: K and M are bounded as above), or built
 for AVX2 (16 accumulators of 32 floats need 32 registers; on CPUs without AVX-512 nothing
 here is compiled and blas.py binds the library alone).
 """
@@ -38,8 +41,9 @@ from .native import host_features, load_or_compile
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), floats per zmm register
-KMAX = 256                  # the panel buffer: KMAX x NR floats on the stack (32 KB)
-TRANS_A_MAX_M = 256         # a transposed A is taken up to this many rows of C
+K_BLOCK = 256                  # the panel buffer: K_BLOCK x NR floats on the stack (32 KB); K in blocks of K_BLOCK
+K_MAX = 512                 # the longest K taken with A as is (two blocks)
+TRANS_A_MAX = 256           # a transposed A is taken up to this many rows of C and this K
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
 
@@ -69,9 +73,10 @@ def module_ir() -> str:
     trans = b.icmp_signed("==", ta, c32(TRANS))
     conds = [b.icmp_signed("==", order, c32(ROW_MAJOR)), b.icmp_signed("==", tb, c32(NO_TRANS)),
              b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)), b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)),
-             b.icmp_signed(">=", K, c64(1)), b.icmp_signed("<=", K, c64(KMAX)), b.icmp_signed(">=", N, c64(NR)),
-             b.icmp_signed(">=", M, c64(1)),
-             b.or_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.and_(trans, b.icmp_signed("<=", M, c64(TRANS_A_MAX_M))))]
+             b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(NR)), b.icmp_signed(">=", M, c64(1)),
+             b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
+                   b.and_(trans, b.and_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
+                                        b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))]
     take = conds[0]
     for cond in conds[1:]:
         take = b.and_(take, cond)
@@ -82,7 +87,7 @@ def module_ir() -> str:
     b.ret_void()
 
     b.position_at_end(tile_bb)
-    panel = b.alloca(ir.ArrayType(f32, KMAX * NR))
+    panel = b.alloca(ir.ArrayType(f32, K_BLOCK * NR))
     panel.align = 64
     panel = b.bitcast(panel, f32.as_pointer())
     row_step = b.select(trans, c64(1), lda)  # A's element (i, k) is at i * row_step + k * k_step
@@ -126,9 +131,17 @@ def module_ir() -> str:
     undef = ir.Constant(vec, ir.Undefined)
 
     j0, _, close_j = loop(c64(0), n_tiled, NR, "j")
-    k, _, close_pack = loop(c64(0), K, 1, "pack")  # B[:, j0:j0+32] -> panel (K x 32, contiguous)
+    # K in blocks of K_BLOCK rows of B: block kb's panel, then every row of C from where the
+    # previous block left it (so each element is still one chain of FMAs over k in order)
+    n_blocks = b.sdiv(b.add(K, c64(K_BLOCK - 1)), c64(K_BLOCK))
+    kb, _, close_kb = loop(c64(0), n_blocks, 1, "kb")
+    k0 = b.mul(kb, c64(K_BLOCK))
+    rest = b.sub(K, k0)
+    kn = b.select(b.icmp_signed("<", rest, c64(K_BLOCK)), rest, c64(K_BLOCK))
+    first = b.icmp_signed("==", kb, c64(0))
+    k, _, close_pack = loop(c64(0), kn, 1, "pack")  # B[k0:k0+kn, j0:j0+32] -> panel (kn x 32, contiguous)
     for v in range(nv):
-        row = b.load(vptr(B, b.add(b.mul(k, ldb), b.add(j0, c64(v * LANES)))), align=4)
+        row = b.load(vptr(B, b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(v * LANES)))), align=4)
         b.store(row, vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64)
     close_pack()
 
@@ -136,11 +149,17 @@ def module_ir() -> str:
         """C rows [start, M) mr at a time (fewer left over stay for the next call); returns
         the first row not done."""
         i0, _, close_i = loop(start, M, mr, f"i{mr}")
-        k, accs, close_k = loop(c64(0), K, 1, f"k{mr}", [zero] * (mr * nv))
+        init = []
+        for r in range(mr):
+            base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
+            for v in range(nv):
+                init.append(b.select(first, zero, b.load(vptr(C, b.add(base, c64(v * LANES))), align=4)))
+        k, accs, close_k = loop(c64(0), kn, 1, f"k{mr}", init)
         bv = [b.load(vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64) for v in range(nv)]
+        a_k = b.mul(b.add(k0, k), k_step)
         new = []
         for r in range(mr):
-            a = b.load(b.gep(A, [b.add(b.mul(b.add(i0, c64(r)), row_step), b.mul(k, k_step))]))
+            a = b.load(b.gep(A, [b.add(b.mul(b.add(i0, c64(r)), row_step), a_k)]))
             av = b.shuffle_vector(b.insert_element(undef, a, lane0), undef, splat)
             new += [b.call(fma, [av, bv[v], accs[r * nv + v]]) for v in range(nv)]
         sums = close_k(new)
@@ -152,6 +171,7 @@ def module_ir() -> str:
         return i0
 
     rows_from(rows_from(c64(0), MR), 1)
+    close_kb()
     close_j()
     # the columns past the last full panel: the library, on that block of B and C
     rest_bb, done_bb = fn.append_basic_block("rest"), fn.append_basic_block("done")

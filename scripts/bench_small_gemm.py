@@ -11,7 +11,9 @@ With --llvm it also times what a libxsmm-style kernel would do: an 8 x 32 regist
 with llvmlite and compiled for this CPU with 512-bit vectors, called from njit through a
 ctypes pointer; B is packed into 32-column panels inside the call ("packed") or beforehand
 ("prepacked": a forward pass could pack each weight matrix once per optimizer step). Needs
-AVX-512 and M, N multiples of 8 and 32; it is not used by the engine (see README).
+AVX-512 and M, N multiples of 8 and 32. The engine's own tile, which packs one 32-column
+panel at a time into L1 inside the call, is cubedqn/tile_gemm.py (scripts/bench_tile_gemm.py
+times it); this earlier experiment is kept for its numbers in README.
 
   python scripts/bench_small_gemm.py          # LLVM's default vector width (256-bit here)
   python scripts/bench_small_gemm.py --zmm    # 512-bit vectors (host features, -prefer-256-bit)

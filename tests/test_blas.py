@@ -164,9 +164,9 @@ def _tile_cases():
     columns, K at and past the tile's bound, and the shapes the library keeps."""
     for m in (1, 7, 8, 9, 64, 67):
         for n in (12, 32, 40, 256):
-            for k in (1, 5, 256, 257):
+            for k in (1, 5, 256, 257, 512, 513):
                 yield m, n, k, False
-    for m, n, k in ((256, 256, 64), (257, 64, 8), (9, 40, 7), (1, 33, 3)):
+    for m, n, k in ((256, 256, 64), (257, 64, 8), (9, 40, 7), (1, 33, 3), (64, 64, 256), (64, 64, 257)):
         yield m, n, k, True
 
 
@@ -190,16 +190,18 @@ def test_tile_sgemm_matches_float64_reference(m, n, k, trans_a):
 @needs_tile
 def test_tile_rows_do_not_depend_on_the_rows_beside_them():
     """Bitwise: a row computed alone, in an 8-row block or as a leftover row is the same
-    K fused multiply-adds in the same order (the engine's chunked paths rely on it)."""
+    K fused multiply-adds in the same order (the engine's chunked paths rely on it), with
+    K in one block and in two."""
     rng = np.random.default_rng(5)
-    a = rng.standard_normal((67, 256)).astype(np.float32)
-    b = rng.standard_normal((256, 96)).astype(np.float32)
-    full = np.empty((67, 96), np.float32)
-    _gemm_jit(a, b, full)
-    for lo, hi in ((0, 1), (3, 11), (60, 67), (8, 16), (64, 67)):
-        part = np.empty((hi - lo, 96), np.float32)
-        _gemm_jit(a[lo:hi], b, part)
-        np.testing.assert_array_equal(part, full[lo:hi])
+    for k in (256, 300):
+        a = rng.standard_normal((67, k)).astype(np.float32)
+        b = rng.standard_normal((k, 96)).astype(np.float32)
+        full = np.empty((67, 96), np.float32)
+        _gemm_jit(a, b, full)
+        for lo, hi in ((0, 1), (3, 11), (60, 67), (8, 16), (64, 67)):
+            part = np.empty((hi - lo, 96), np.float32)
+            _gemm_jit(a[lo:hi], b, part)
+            np.testing.assert_array_equal(part, full[lo:hi])
 
 
 @needs_tile

@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Time the engine's register-tile sgemm (cubedqn/tile_gemm.py) against the library sgemm it
+stands in front of (numpy's OpenBLAS), on the products the networks make, one thread,
+alternating in one process.
+
+Both are called through their bound addresses with the same arguments (ctypes, so both
+pay the same call overhead); for products the tile leaves to the library ("library"
+in the last column) the two columns time the same code. Prints medians in microseconds,
+GFLOP/s and the speed-up, and the library's kernel.
+
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_tile_gemm.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from cubedqn import blas
+from cubedqn.blas import NO_TRANS, ROW_MAJOR, TRANS
+from cubedqn.profiling import blas_info
+from cubedqn.threads import limit_threads
+
+# (label, M, K, N, A transposed): C (M, N) = op(A) (M, K) @ B (K, N)
+PRODUCTS = [
+    ("144-256-256-12 B64: target forward", 64, 256, 256, False),
+    ("  online forward (s and s')", 128, 256, 256, False),
+    ("  dW of the 256 x 256 layer", 256, 64, 256, True),
+    ("  a batch of 67 (a leftover row)", 67, 256, 256, False),
+    ("cube2 preset B128: children's forward", 1536, 256, 256, False),
+    ("  dW", 256, 128, 256, True),
+    ("512-512 net B256: forward", 256, 512, 512, False),
+    ("  dW", 512, 256, 512, True),
+    ("324-1024-512-12 B256: 1024 -> 512", 512, 1024, 512, False),
+    ("  dW of it", 1024, 256, 512, True),
+    ("dense 3x3x3 input B256: 324 -> 1024", 256, 324, 1024, False),
+]
+
+
+def median_us(f, n):
+    f()
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts)) * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    if not blas.TILE:
+        sys.exit(f"the tile GEMM is not bound here: {blas.TILE_STATUS}")
+    limit_threads(1)
+    tile = blas._CTYPES_SIG(blas._TILE_ENGINE.get_function_address(blas.tile_gemm.TILE))
+    library = blas._CTYPES_SIG(blas._LIBRARY_ADDRESS)
+    b = blas_info()
+    print(f"library: {b['library']} {b['version']} ({b['source']}'s) kernel {b['kernel']}; one thread; "
+          f"medians of {args.rounds} alternating rounds, us per call")
+    print(f"{'product':<40s} {'M x K x N':>22s} {'library':>9s} {'tile':>9s} {'GFLOP/s':>15s} {'speed-up':>9s}")
+    rng = np.random.default_rng(0)
+    for label, m, k, n, trans in PRODUCTS:
+        a = rng.standard_normal((k, m) if trans else (m, k)).astype(np.float32)
+        bm = rng.standard_normal((k, n)).astype(np.float32)
+        outs = [np.zeros((m, n), np.float32) for _ in range(2)]
+        ta = TRANS if trans else NO_TRANS
+
+        def call(fn, out):
+            return lambda: fn(ROW_MAJOR, ta, NO_TRANS, m, n, k, 1.0, a.ctypes.data, a.shape[1], bm.ctypes.data, n,
+                              0.0, out.ctypes.data, n)
+
+        calls = [call(library, outs[0]), call(tile, outs[1])]
+        reps = max(5, int(2e8 // (2 * m * n * k)))
+        times = [[], []]
+        for _ in range(args.rounds):
+            for t, f in zip(times, calls):
+                t.append(median_us(f, reps))
+        want = (a.T if trans else a).astype(np.float64) @ bm.astype(np.float64)
+        for out in outs:
+            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+        lib_us, tile_us = (float(np.median(t)) for t in times)
+        flops = 2.0 * m * n * k
+        taken = (n >= blas.tile_gemm.NR and (k <= blas.tile_gemm.TRANS_A_MAX and m <= blas.tile_gemm.TRANS_A_MAX
+                                             if trans else k <= blas.tile_gemm.K_MAX))
+        shape = f"{m} x {k} x {n}{' (A^T)' if trans else ''}"
+        print(f"{label:<40s} {shape:>22s} {lib_us:9.1f} {tile_us:9.1f} {flops / lib_us / 1e3:7.1f} "
+              f"{flops / tile_us / 1e3:7.1f} {lib_us / tile_us:8.2f}x{'' if taken else ' library'}")
+
+
+if __name__ == "__main__":
+    main()
