@@ -198,19 +198,23 @@ def _numpy_openblas():
 
 def _check_tile(fn) -> bool:
     """Does fn compute the products its tile takes right (8-row blocks, a leftover row, a
-    panel and tail columns, A as is and transposed, leading dimensions wider than the
-    matrices), bitwise the same row by row whatever the number of rows?"""
+    panel and tail columns, A as is and transposed, B as is and transposed, K in one
+    block and in two, leading dimensions wider than the matrices), bitwise the same row by
+    row whatever the number of rows?"""
     rng = np.random.default_rng(1)
     m, n = 9, 40
-    for ta, k in ((NO_TRANS, 7), (TRANS, 7), (NO_TRANS, 300)):  # 300: two blocks of K
+    # k = 7: under one 16-row block of a transposed B; 300: two K blocks, the second 44 deep
+    for ta, tb, k in ((NO_TRANS, NO_TRANS, 7), (TRANS, NO_TRANS, 7), (NO_TRANS, NO_TRANS, 300),
+                      (NO_TRANS, TRANS, 7), (NO_TRANS, TRANS, 300)):
         a = rng.standard_normal((m, k + 3) if ta == NO_TRANS else (k, m + 3)).astype(np.float32)
-        b = rng.standard_normal((k, n + 2)).astype(np.float32)
+        b = rng.standard_normal((k, n + 2) if tb == NO_TRANS else (n, k + 2)).astype(np.float32)
         op_a = a[:, :k] if ta == NO_TRANS else a[:, :m].T
-        want = op_a.astype(np.float64) @ b[:, :n].astype(np.float64)
+        op_b = b[:, :n] if tb == NO_TRANS else b[:, :k].T
+        want = op_a.astype(np.float64) @ op_b.astype(np.float64)
         outs = []
         for rows in (m, 1):
             buf = np.full((m, n + 1), np.nan, np.float32)
-            fn(ROW_MAJOR, ta, NO_TRANS, rows, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, n + 2, 0.0,
+            fn(ROW_MAJOR, ta, tb, rows, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0.0,
                buf.ctypes.data, n + 1)
             outs.append(buf[:rows, :n])
         if not (np.allclose(outs[0], want, rtol=1e-5, atol=1e-5) and np.array_equal(outs[1], outs[0][:1])):

@@ -70,13 +70,14 @@ def module_ir() -> str:
         return ir.Constant(i32, v)
 
     # --- which calls the tile takes (the module docstring's rule)
-    trans = b.icmp_signed("==", ta, c32(TRANS))
-    conds = [b.icmp_signed("==", order, c32(ROW_MAJOR)), b.icmp_signed("==", tb, c32(NO_TRANS)),
+    trans, b_trans = b.icmp_signed("==", ta, c32(TRANS)), b.icmp_signed("==", tb, c32(TRANS))
+    conds = [b.icmp_signed("==", order, c32(ROW_MAJOR)),
              b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)), b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)),
              b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(NR)), b.icmp_signed(">=", M, c64(1)),
              b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
                    b.and_(trans, b.and_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
-                                        b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))]
+                                        b.icmp_signed("<=", K, c64(TRANS_A_MAX))))),
+             b.or_(b.icmp_signed("==", tb, c32(NO_TRANS)), b.and_(b_trans, b.icmp_signed("<=", K, c64(K_MAX))))]
     take = conds[0]
     for cond in conds[1:]:
         take = b.and_(take, cond)
@@ -139,11 +140,32 @@ def module_ir() -> str:
     rest = b.sub(K, k0)
     kn = b.select(b.icmp_signed("<", rest, c64(K_BLOCK)), rest, c64(K_BLOCK))
     first = b.icmp_signed("==", kb, c64(0))
-    k, _, close_pack = loop(c64(0), kn, 1, "pack")  # B[k0:k0+kn, j0:j0+32] -> panel (kn x 32, contiguous)
+    # op(B)[k0:k0+kn, j0:j0+32] -> panel (kn x 32, contiguous)
+    pack_t, pack_n, packed = (fn.append_basic_block(x) for x in ("pack.t", "pack.n", "packed"))
+    b.cbranch(b_trans, pack_t, pack_n)
+    b.position_at_end(pack_n)  # B as is: its rows' 32 columns, one after another
+    k, _, close_pack = loop(c64(0), kn, 1, "pack")
     for v in range(nv):
         row = b.load(vptr(B, b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(v * LANES)))), align=4)
         b.store(row, vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64)
     close_pack()
+    b.branch(packed)
+    b.position_at_end(pack_t)  # B transposed (N x K): 16 x 16 blocks turned in registers
+    for g in range(nv):
+        kc, _, close_kc = loop(c64(0), kn, LANES, f"packt{g}")
+        cols = [b.load(vptr(B, b.add(b.mul(b.add(j0, c64(g * LANES + r)), ldb), b.add(k0, kc))), align=4)
+                for r in range(LANES)]
+        for c_, row in enumerate(_transpose(b, cols)):
+            b.store(row, vptr(panel, b.add(b.mul(b.add(kc, c64(c_)), c64(NR)), c64(g * LANES))), align=64)
+        close_kc()
+        kc_end = kc  # the loop's counter where it stopped: the first row not done
+    k, _, close_k1 = loop(kc_end, kn, 1, "packt.rest")  # the last kn mod 16 rows, element by element
+    for jj in range(NR):
+        x = b.load(b.gep(B, [b.add(b.mul(b.add(j0, c64(jj)), ldb), b.add(k0, k))]))
+        b.store(x, b.gep(panel, [b.add(b.mul(k, c64(NR)), c64(jj))]))
+    close_k1()
+    b.branch(packed)
+    b.position_at_end(packed)
 
     def rows_from(start, mr):
         """C rows [start, M) mr at a time (fewer left over stay for the next call); returns
@@ -177,12 +199,30 @@ def module_ir() -> str:
     rest_bb, done_bb = fn.append_basic_block("rest"), fn.append_basic_block("done")
     b.cbranch(b.icmp_signed("<", n_tiled, N), rest_bb, done_bb)
     b.position_at_end(rest_bb)
-    b.call(library, [order, ta, tb, M, b.sub(N, n_tiled), K, alpha, A, lda, b.gep(B, [n_tiled]), ldb, beta,
-                     b.gep(C, [n_tiled]), ldc])
+    b_rest = b.gep(B, [b.select(b_trans, b.mul(n_tiled, ldb), n_tiled)])
+    b.call(library, [order, ta, tb, M, b.sub(N, n_tiled), K, alpha, A, lda, b_rest, ldb, beta, b.gep(C, [n_tiled]),
+                     ldc])
     b.branch(done_bb)
     b.position_at_end(done_bb)
     b.ret_void()
     return str(mod)
+
+
+def _transpose(b, rows):
+    """The 16 x 16 block given as 16 row vectors, transposed: four rounds of swapping the
+    off-diagonal t x t blocks of each 2t x 2t block (t = 8, 4, 2, 1), two-source shuffles."""
+    n = len(rows)
+    rows = list(rows)
+    t = n // 2
+    while t:
+        lo = ir.Constant(ir.VectorType(ir.IntType(32), n), [c if not c & t else n + c - t for c in range(n)])
+        hi = ir.Constant(ir.VectorType(ir.IntType(32), n), [c + t if not c & t else n + c for c in range(n)])
+        for r in range(n):
+            if not r & t:
+                a, c = rows[r], rows[r + t]
+                rows[r], rows[r + t] = b.shuffle_vector(a, c, lo), b.shuffle_vector(a, c, hi)
+        t //= 2
+    return rows
 
 
 def compile_tile():

@@ -24,18 +24,23 @@ from cubedqn.blas import NO_TRANS, ROW_MAJOR, TRANS
 from cubedqn.profiling import blas_info
 from cubedqn.threads import limit_threads
 
-# (label, M, K, N, A transposed): C (M, N) = op(A) (M, K) @ B (K, N)
+# (label, M, K, N, which is transposed: True for A, "B" for B, False for neither):
+# C (M, N) = op(A) (M, K) @ op(B) (K, N)
 PRODUCTS = [
     ("144-256-256-12 B64: target forward", 64, 256, 256, False),
     ("  online forward (s and s')", 128, 256, 256, False),
     ("  dW of the 256 x 256 layer", 256, 64, 256, True),
+    ("  dx of it (B^T)", 64, 256, 256, "B"),
     ("  a batch of 67 (a leftover row)", 67, 256, 256, False),
     ("cube2 preset B128: children's forward", 1536, 256, 256, False),
     ("  dW", 256, 128, 256, True),
+    ("  dx (B^T)", 128, 256, 256, "B"),
     ("512-512 net B256: forward", 256, 512, 512, False),
     ("  dW", 512, 256, 512, True),
+    ("  dx (B^T)", 256, 512, 512, "B"),
     ("324-1024-512-12 B256: 1024 -> 512", 512, 1024, 512, False),
     ("  dW of it", 1024, 256, 512, True),
+    ("  dx of it (B^T)", 256, 512, 1024, "B"),
     ("dense 3x3x3 input B256: 324 -> 1024", 256, 324, 1024, False),
 ]
 
@@ -65,14 +70,15 @@ def main():
     print(f"{'product':<40s} {'M x K x N':>22s} {'library':>9s} {'tile':>9s} {'GFLOP/s':>15s} {'speed-up':>9s}")
     rng = np.random.default_rng(0)
     for label, m, k, n, trans in PRODUCTS:
+        trans_b, trans = trans == "B", trans is True
         a = rng.standard_normal((k, m) if trans else (m, k)).astype(np.float32)
-        bm = rng.standard_normal((k, n)).astype(np.float32)
+        bm = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
         outs = [np.zeros((m, n), np.float32) for _ in range(2)]
-        ta = TRANS if trans else NO_TRANS
+        ta, tb = TRANS if trans else NO_TRANS, TRANS if trans_b else NO_TRANS
 
         def call(fn, out):
-            return lambda: fn(ROW_MAJOR, ta, NO_TRANS, m, n, k, 1.0, a.ctypes.data, a.shape[1], bm.ctypes.data, n,
-                              0.0, out.ctypes.data, n)
+            return lambda: fn(ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, a.shape[1], bm.ctypes.data,
+                              bm.shape[1], 0.0, out.ctypes.data, n)
 
         calls = [call(library, outs[0]), call(tile, outs[1])]
         reps = max(5, int(2e8 // (2 * m * n * k)))
@@ -80,14 +86,14 @@ def main():
         for _ in range(args.rounds):
             for t, f in zip(times, calls):
                 t.append(median_us(f, reps))
-        want = (a.T if trans else a).astype(np.float64) @ bm.astype(np.float64)
+        want = (a.T if trans else a).astype(np.float64) @ (bm.T if trans_b else bm).astype(np.float64)
         for out in outs:
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
         lib_us, tile_us = (float(np.median(t)) for t in times)
         flops = 2.0 * m * n * k
-        taken = (n >= blas.tile_gemm.NR and (k <= blas.tile_gemm.TRANS_A_MAX and m <= blas.tile_gemm.TRANS_A_MAX
-                                             if trans else k <= blas.tile_gemm.K_MAX))
-        shape = f"{m} x {k} x {n}{' (A^T)' if trans else ''}"
+        tg = blas.tile_gemm
+        taken = n >= tg.NR and (k <= tg.TRANS_A_MAX and m <= tg.TRANS_A_MAX if trans else k <= tg.K_MAX)
+        shape = f"{m} x {k} x {n}{' (A^T)' if trans else ' (B^T)' if trans_b else ''}"
         print(f"{label:<40s} {shape:>22s} {lib_us:9.1f} {tile_us:9.1f} {flops / lib_us / 1e3:7.1f} "
               f"{flops / tile_us / 1e3:7.1f} {lib_us / tile_us:8.2f}x{'' if taken else ' library'}")
 

@@ -160,29 +160,36 @@ def _tile():
 
 
 def _tile_cases():
-    """(m, n, k, transposed A): the 8-row blocks and leftover rows, full panels and tail
-    columns, K at and past the tile's bound, and the shapes the library keeps."""
+    """(m, n, k, transposed A, transposed B): the 8-row blocks and leftover rows, full
+    panels and tail columns, K in one block and in two, at and past the tile's bounds, a
+    transposed B's 16-row blocks and the rows past them, and the shapes the library keeps."""
     for m in (1, 7, 8, 9, 64, 67):
         for n in (12, 32, 40, 256):
             for k in (1, 5, 256, 257, 512, 513):
-                yield m, n, k, False
+                yield m, n, k, False, False
     for m, n, k in ((256, 256, 64), (257, 64, 8), (9, 40, 7), (1, 33, 3), (64, 64, 256), (64, 64, 257)):
-        yield m, n, k, True
+        yield m, n, k, True, False
+    for m in (1, 9, 64):
+        for n in (12, 32, 40, 96):
+            for k in (1, 15, 16, 33, 256, 300, 512, 513):
+                yield m, n, k, False, True
+    yield 9, 40, 7, True, True  # both transposed: the library
 
 
 @needs_tile
-@pytest.mark.parametrize("m,n,k,trans_a", list(_tile_cases()))
-def test_tile_sgemm_matches_float64_reference(m, n, k, trans_a):
+@pytest.mark.parametrize("m,n,k,trans_a,trans_b", list(_tile_cases()))
+def test_tile_sgemm_matches_float64_reference(m, n, k, trans_a, trans_b):
     """Through the bound symbol's ctypes face, leading dimensions wider than the matrices,
     C's padding left untouched; products the tile leaves go to the library, same result."""
     rng = np.random.default_rng(m * 10007 + n * 101 + k)
     a = rng.standard_normal((k, m + 3) if trans_a else (m, k + 3)).astype(np.float32)
     op_a = a[:, :m].T if trans_a else a[:, :k]
-    b = rng.standard_normal((k, n + 5)).astype(np.float32)[:, :n]
-    want = op_a.astype(np.float64) @ b.astype(np.float64)
+    b = rng.standard_normal((n, k + 5) if trans_b else (k, n + 5)).astype(np.float32)
+    op_b = b[:, :k].T if trans_b else b[:, :n]
+    want = op_a.astype(np.float64) @ op_b.astype(np.float64)
     out = np.full((m, n + 2), np.nan, np.float32)
-    _tile()(ROW_MAJOR, TRANS if trans_a else NO_TRANS, NO_TRANS, m, n, k, 1.0, a.ctypes.data, a.shape[1],
-            b.ctypes.data, n + 5, 0.0, out.ctypes.data, n + 2)
+    _tile()(ROW_MAJOR, TRANS if trans_a else NO_TRANS, TRANS if trans_b else NO_TRANS, m, n, k, 1.0, a.ctypes.data,
+            a.shape[1], b.ctypes.data, b.shape[1], 0.0, out.ctypes.data, n + 2)
     np.testing.assert_allclose(out[:, :n], want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
     assert np.isnan(out[:, n:]).all()
 
@@ -191,11 +198,12 @@ def test_tile_sgemm_matches_float64_reference(m, n, k, trans_a):
 def test_tile_rows_do_not_depend_on_the_rows_beside_them():
     """Bitwise: a row computed alone, in an 8-row block or as a leftover row is the same
     K fused multiply-adds in the same order (the engine's chunked paths rely on it), with
-    K in one block and in two."""
+    K in one block and in two, B as is and transposed (the input gradients' delta @ W^T)."""
     rng = np.random.default_rng(5)
-    for k in (256, 300):
+    for k, b_transposed in ((256, False), (300, False), (256, True), (300, True)):
         a = rng.standard_normal((67, k)).astype(np.float32)
-        b = rng.standard_normal((k, 96)).astype(np.float32)
+        b = rng.standard_normal((96, k)).astype(np.float32).T if b_transposed else \
+            rng.standard_normal((k, 96)).astype(np.float32)
         full = np.empty((67, 96), np.float32)
         _gemm_jit(a, b, full)
         for lo, hi in ((0, 1), (3, 11), (60, 67), (8, 16), (64, 67)):
