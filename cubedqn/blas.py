@@ -202,10 +202,11 @@ def _check_tile(fn) -> bool:
     block and in two, leading dimensions wider than the matrices), bitwise the same row by
     row whatever the number of rows?"""
     rng = np.random.default_rng(1)
-    m, n = 9, 40
-    # k = 7: under one 16-row block of a transposed B; 300: two K blocks, the second 44 deep
-    for ta, tb, k in ((NO_TRANS, NO_TRANS, 7), (TRANS, NO_TRANS, 7), (NO_TRANS, NO_TRANS, 300),
-                      (NO_TRANS, TRANS, 7), (NO_TRANS, TRANS, 300)):
+    m = 17  # a 16-row block of a one-vector tail and a leftover row
+    # k = 7: under one 16-row block of a transposed B; 300: two K blocks, the second 44 deep;
+    # n = 40 and 12: a tail of one vector, 57: of two, masked
+    for ta, tb, k, n in ((NO_TRANS, NO_TRANS, 7, 40), (TRANS, NO_TRANS, 7, 40), (NO_TRANS, NO_TRANS, 300, 57),
+                         (NO_TRANS, TRANS, 7, 40), (NO_TRANS, TRANS, 300, 12), (NO_TRANS, NO_TRANS, 300, 12)):
         a = rng.standard_normal((m, k + 3) if ta == NO_TRANS else (k, m + 3)).astype(np.float32)
         b = rng.standard_normal((k, n + 2) if tb == NO_TRANS else (n, k + 2)).astype(np.float32)
         op_a = a[:, :k] if ta == NO_TRANS else a[:, :m].T

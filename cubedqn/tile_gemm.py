@@ -2,25 +2,27 @@
 
 What this file is: one function, `cubedqn_tile_sgemm64`, with the CBLAS ILP64 sgemm
 signature, that blas.py binds as the engine's GEMM symbol (`cubedqn_sgemm64`) on CPUs with
-AVX-512. It computes C = op(A) @ B itself where that beats OpenBLAS and hands every other
-product (or the columns it leaves) to the library sgemm, bound as `cubedqn_blas_sgemm64`:
+AVX-512. It computes C = op(A) @ op(B) itself where that beats OpenBLAS and hands every
+other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
 
-  taken here  row-major, alpha 1, beta 0, B not transposed, N >= 32, and either A as is
-              with K <= 512 (forward layers: (B, in) @ (in, out)) or A transposed with
-              M, K <= 256 (weight gradients at batch <= 256: acts^T @ delta). The first
-              N - N mod 32 columns; the rest go to the library in a second call.
+  taken here  row-major, alpha 1, beta 0, N >= 8, B as is or transposed (input gradients:
+              delta @ W^T), and either A as is with K <= 512 (forward layers: (B, in) @
+              (in, out)) or A transposed with M, K <= 256 (weight gradients at batch
+              <= 256: acts^T @ delta).
   the library everything else: K > 512 (the 3x3x3's 1024-wide layer: 0.92-1.03x there),
-              B transposed (input gradients: delta @ W^T), narrow outputs (the
-              12-action head), a transposed A with M > 256 (0.8-1.0x) or K > 256 (1.0x).
+              a transposed A with M > 256 (0.8-1.0x) or K > 256 (1.0x), N < 8.
 
 How: for each 32 columns of C and each block of up to 256 values of k, it copies that
-block of B's panel (at most 256 x 32 floats, 32 KB) into a stack buffer, where it stays
-in L1 (B's rows read in place, 1 KB or more apart, evict each other). Then for each 8
-rows of C it keeps the 8 x 32 tile in 16 zmm accumulators (from zero in the first block,
-from C after it) while it walks the block: per k two loads of the panel row, eight
-broadcasts of A, sixteen FMAs. Rows left over (M mod 8) run the same walk one row at a
-time. OpenBLAS packs both operands and blocks for caches: at 64 x 256 x 256 its fixed
-costs are a quarter of the product (see README, Design notes).
+block of op(B)'s panel (at most 256 x 32 floats, 32 KB; a transposed B's 16 x 16 blocks
+turned in registers on the way) into a stack buffer, where it stays in L1 (B's rows read
+in place, 1 KB or more apart, evict each other). Then for each 8 rows of C it keeps the
+8 x 32 tile in 16 zmm accumulators (from zero in the first block, from C after it) while
+it walks the block: per k two loads of the panel row, eight broadcasts of A, sixteen
+FMAs. Rows left over (M mod 8) run the same walk one row at a time. The last N mod 32
+columns (all of a 12-action head's) are one or two vectors wide, zero-padded in the
+panel and masked in C; one vector wide, 16 rows at a time. OpenBLAS packs both operands
+and blocks for caches: at 64 x 256 x 256 its fixed costs are a quarter of the product
+(see README, Design notes).
 
 Arithmetic: each element of C is fma(a[k], b[k], acc) over k = 0..K-1 in order from zero
 (K fused multiply-adds, one rounding each; a K block's sums go through C unchanged),
@@ -42,6 +44,7 @@ from .native import host_features, load_or_compile
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), floats per zmm register
 K_BLOCK = 256                  # the panel buffer: K_BLOCK x NR floats on the stack (32 KB); K in blocks of K_BLOCK
+N_MIN = 8                   # narrower products stay with the library (a vector would be mostly idle)
 K_MAX = 512                 # the longest K taken with A as is (two blocks)
 TRANS_A_MAX = 256           # a transposed A is taken up to this many rows of C and this K
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -73,7 +76,7 @@ def module_ir() -> str:
     trans, b_trans = b.icmp_signed("==", ta, c32(TRANS)), b.icmp_signed("==", tb, c32(TRANS))
     conds = [b.icmp_signed("==", order, c32(ROW_MAJOR)),
              b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)), b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)),
-             b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(NR)), b.icmp_signed(">=", M, c64(1)),
+             b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1)),
              b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
                    b.and_(trans, b.and_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
                                         b.icmp_signed("<=", K, c64(TRANS_A_MAX))))),
@@ -131,77 +134,120 @@ def module_ir() -> str:
     splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
     undef = ir.Constant(vec, ir.Undefined)
 
+    vp = vec.as_pointer()
+    mask_t = ir.VectorType(ir.IntType(1), LANES)
+    masked_load = ir.Function(mod, ir.FunctionType(vec, [vp, i32, mask_t, vec]), name="llvm.masked.load.v16f32.p0v16f32")
+    masked_store = ir.Function(mod, ir.FunctionType(ir.VoidType(), [vec, vp, i32, mask_t]),
+                               name="llvm.masked.store.v16f32.p0v16f32")
+
+    def vload(ptr, off, mask, align=4):
+        if mask is None:
+            return b.load(vptr(ptr, off), align=align)
+        return b.call(masked_load, [vptr(ptr, off), c32(align), mask, zero])
+
+    def vstore(v, ptr, off, mask, align=4):
+        if mask is None:
+            b.store(v, vptr(ptr, off), align=align)
+        else:
+            b.call(masked_store, [v, vptr(ptr, off), c32(align), mask])
+
+    def columns(j0, nvec, masks, mr, width):
+        """C[:, j0:j0+width] (width = nvec * 16 columns, the last `width` of them real where
+        masks is None, else those the masks set): K in blocks of K_BLOCK rows of op(B), each
+        block's panel, then every row of C from where the previous block left it (so each
+        element is still one chain of FMAs over k in order)."""
+        n_blocks = b.sdiv(b.add(K, c64(K_BLOCK - 1)), c64(K_BLOCK))
+        kb, _, close_kb = loop(c64(0), n_blocks, 1, f"kb{nvec}")
+        k0 = b.mul(kb, c64(K_BLOCK))
+        rest = b.sub(K, k0)
+        kn = b.select(b.icmp_signed("<", rest, c64(K_BLOCK)), rest, c64(K_BLOCK))
+        first = b.icmp_signed("==", kb, c64(0))
+        # op(B)[k0:k0+kn, j0:j0+width] -> panel (kn rows NR apart, contiguous; zero past N)
+        pack_t, pack_n, packed = (fn.append_basic_block(f"{x}{nvec}") for x in ("pack.t", "pack.n", "packed"))
+        b.cbranch(b_trans, pack_t, pack_n)
+        b.position_at_end(pack_n)  # B as is: its rows' columns, one after another
+        k, _, close_pack = loop(c64(0), kn, 1, f"pack{nvec}")
+        for v in range(nvec):
+            row = vload(B, b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(v * LANES))), masks and masks[v])
+            b.store(row, vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64)
+        close_pack()
+        b.branch(packed)
+        b.position_at_end(pack_t)  # B transposed (N x K)
+        if masks is None:  # 16 x 16 blocks turned in registers, the last kn mod 16 rows one by one
+            for g in range(nvec):
+                kc, _, close_kc = loop(c64(0), kn, LANES, f"packt{g}")
+                cols = [b.load(vptr(B, b.add(b.mul(b.add(j0, c64(g * LANES + r)), ldb), b.add(k0, kc))), align=4)
+                        for r in range(LANES)]
+                for c_, row in enumerate(_transpose(b, cols)):
+                    b.store(row, vptr(panel, b.add(b.mul(b.add(kc, c64(c_)), c64(NR)), c64(g * LANES))), align=64)
+                close_kc()
+                kc_end = kc  # the loop's counter where it stopped: the first row not done
+            k, _, close_k1 = loop(kc_end, kn, 1, "packt.rest")
+            for jj in range(width):
+                x = b.load(b.gep(B, [b.add(b.mul(b.add(j0, c64(jj)), ldb), b.add(k0, k))]))
+                b.store(x, b.gep(panel, [b.add(b.mul(k, c64(NR)), c64(jj))]))
+            close_k1()
+        else:  # the tail: element by element, zeros past N
+            k, _, close_k1 = loop(c64(0), kn, 1, f"packt.tail{nvec}")
+            for v in range(nvec):
+                b.store(zero, vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64)
+            jj, _, close_jj = loop(c64(0), b.sub(N, j0), 1, f"packt.tail{nvec}.j")
+            x = b.load(b.gep(B, [b.add(b.mul(b.add(j0, jj), ldb), b.add(k0, k))]))
+            b.store(x, b.gep(panel, [b.add(b.mul(k, c64(NR)), jj)]))
+            close_jj()
+            close_k1()
+        b.branch(packed)
+        b.position_at_end(packed)
+
+        def rows_from(start, mr):
+            """C rows [start, M) mr at a time (fewer left over stay for the next call);
+            returns the first row not done."""
+            i0, _, close_i = loop(start, M, mr, f"i{nvec}.{mr}")
+            init = []
+            for r in range(mr):
+                base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
+                for v in range(nvec):
+                    init.append(b.select(first, zero, vload(C, b.add(base, c64(v * LANES)), masks and masks[v])))
+            k, accs, close_k = loop(c64(0), kn, 1, f"k{nvec}.{mr}", init)
+            bv = [b.load(vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64) for v in range(nvec)]
+            a_k = b.mul(b.add(k0, k), k_step)
+            new = []
+            for r in range(mr):
+                a = b.load(b.gep(A, [b.add(b.mul(b.add(i0, c64(r)), row_step), a_k)]))
+                av = b.shuffle_vector(b.insert_element(undef, a, lane0), undef, splat)
+                new += [b.call(fma, [av, bv[v], accs[r * nvec + v]]) for v in range(nvec)]
+            sums = close_k(new)
+            for r in range(mr):
+                base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
+                for v in range(nvec):
+                    vstore(sums[r * nvec + v], C, b.add(base, c64(v * LANES)), masks and masks[v])
+            close_i()
+            return i0
+
+        rows_from(rows_from(c64(0), mr), 1)
+        close_kb()
+
     j0, _, close_j = loop(c64(0), n_tiled, NR, "j")
-    # K in blocks of K_BLOCK rows of B: block kb's panel, then every row of C from where the
-    # previous block left it (so each element is still one chain of FMAs over k in order)
-    n_blocks = b.sdiv(b.add(K, c64(K_BLOCK - 1)), c64(K_BLOCK))
-    kb, _, close_kb = loop(c64(0), n_blocks, 1, "kb")
-    k0 = b.mul(kb, c64(K_BLOCK))
-    rest = b.sub(K, k0)
-    kn = b.select(b.icmp_signed("<", rest, c64(K_BLOCK)), rest, c64(K_BLOCK))
-    first = b.icmp_signed("==", kb, c64(0))
-    # op(B)[k0:k0+kn, j0:j0+32] -> panel (kn x 32, contiguous)
-    pack_t, pack_n, packed = (fn.append_basic_block(x) for x in ("pack.t", "pack.n", "packed"))
-    b.cbranch(b_trans, pack_t, pack_n)
-    b.position_at_end(pack_n)  # B as is: its rows' 32 columns, one after another
-    k, _, close_pack = loop(c64(0), kn, 1, "pack")
-    for v in range(nv):
-        row = b.load(vptr(B, b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(v * LANES)))), align=4)
-        b.store(row, vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64)
-    close_pack()
-    b.branch(packed)
-    b.position_at_end(pack_t)  # B transposed (N x K): 16 x 16 blocks turned in registers
-    for g in range(nv):
-        kc, _, close_kc = loop(c64(0), kn, LANES, f"packt{g}")
-        cols = [b.load(vptr(B, b.add(b.mul(b.add(j0, c64(g * LANES + r)), ldb), b.add(k0, kc))), align=4)
-                for r in range(LANES)]
-        for c_, row in enumerate(_transpose(b, cols)):
-            b.store(row, vptr(panel, b.add(b.mul(b.add(kc, c64(c_)), c64(NR)), c64(g * LANES))), align=64)
-        close_kc()
-        kc_end = kc  # the loop's counter where it stopped: the first row not done
-    k, _, close_k1 = loop(kc_end, kn, 1, "packt.rest")  # the last kn mod 16 rows, element by element
-    for jj in range(NR):
-        x = b.load(b.gep(B, [b.add(b.mul(b.add(j0, c64(jj)), ldb), b.add(k0, k))]))
-        b.store(x, b.gep(panel, [b.add(b.mul(k, c64(NR)), c64(jj))]))
-    close_k1()
-    b.branch(packed)
-    b.position_at_end(packed)
-
-    def rows_from(start, mr):
-        """C rows [start, M) mr at a time (fewer left over stay for the next call); returns
-        the first row not done."""
-        i0, _, close_i = loop(start, M, mr, f"i{mr}")
-        init = []
-        for r in range(mr):
-            base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
-            for v in range(nv):
-                init.append(b.select(first, zero, b.load(vptr(C, b.add(base, c64(v * LANES))), align=4)))
-        k, accs, close_k = loop(c64(0), kn, 1, f"k{mr}", init)
-        bv = [b.load(vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64) for v in range(nv)]
-        a_k = b.mul(b.add(k0, k), k_step)
-        new = []
-        for r in range(mr):
-            a = b.load(b.gep(A, [b.add(b.mul(b.add(i0, c64(r)), row_step), a_k)]))
-            av = b.shuffle_vector(b.insert_element(undef, a, lane0), undef, splat)
-            new += [b.call(fma, [av, bv[v], accs[r * nv + v]]) for v in range(nv)]
-        sums = close_k(new)
-        for r in range(mr):
-            base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
-            for v in range(nv):
-                b.store(sums[r * nv + v], vptr(C, b.add(base, c64(v * LANES))), align=4)
-        close_i()
-        return i0
-
-    rows_from(rows_from(c64(0), MR), 1)
-    close_kb()
+    columns(j0, NR // LANES, None, MR, NR)
     close_j()
-    # the columns past the last full panel: the library, on that block of B and C
-    rest_bb, done_bb = fn.append_basic_block("rest"), fn.append_basic_block("done")
-    b.cbranch(b.icmp_signed("<", n_tiled, N), rest_bb, done_bb)
-    b.position_at_end(rest_bb)
-    b_rest = b.gep(B, [b.select(b_trans, b.mul(n_tiled, ldb), n_tiled)])
-    b.call(library, [order, ta, tb, M, b.sub(N, n_tiled), K, alpha, A, lda, b_rest, ldb, beta, b.gep(C, [n_tiled]),
-                     ldc])
+    # the columns past the last full panel (N mod 32 of them): one or two vectors wide,
+    # masked; with one, 16 rows at a time (16 accumulators, as many as a full tile's)
+    rem = b.sub(N, n_tiled)
+    lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
+    rem_v = b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), rem, lane0),
+                             ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), splat)
+    masks = [b.icmp_signed("<", b.add(lanes, ir.Constant(ir.VectorType(i64, LANES), [v * LANES] * LANES)), rem_v)
+             for v in range(NR // LANES)]
+    one_bb, two_bb, done_bb = (fn.append_basic_block(x) for x in ("tail.one", "tail.two", "done"))
+    tail_bb = fn.append_basic_block("tail")
+    b.cbranch(b.icmp_signed(">", rem, c64(0)), tail_bb, done_bb)
+    b.position_at_end(tail_bb)
+    b.cbranch(b.icmp_signed("<=", rem, c64(LANES)), one_bb, two_bb)
+    b.position_at_end(one_bb)
+    columns(n_tiled, 1, masks[:1], 2 * MR, LANES)
+    b.branch(done_bb)
+    b.position_at_end(two_bb)
+    columns(n_tiled, 2, masks, MR, NR)
     b.branch(done_bb)
     b.position_at_end(done_bb)
     b.ret_void()

@@ -163,14 +163,15 @@ def _tile_cases():
     """(m, n, k, transposed A, transposed B): the 8-row blocks and leftover rows, full
     panels and tail columns, K in one block and in two, at and past the tile's bounds, a
     transposed B's 16-row blocks and the rows past them, and the shapes the library keeps."""
-    for m in (1, 7, 8, 9, 64, 67):
-        for n in (12, 32, 40, 256):
+    for m in (1, 7, 8, 9, 16, 17, 64, 67):
+        for n in (7, 8, 12, 17, 32, 40, 57, 256):  # 7: too narrow; 12, 17, 40, 57: masked tails
             for k in (1, 5, 256, 257, 512, 513):
                 yield m, n, k, False, False
-    for m, n, k in ((256, 256, 64), (257, 64, 8), (9, 40, 7), (1, 33, 3), (64, 64, 256), (64, 64, 257)):
+    for m, n, k in ((256, 256, 64), (257, 64, 8), (9, 40, 7), (1, 33, 3), (64, 64, 256), (64, 64, 257),
+                    (256, 12, 64), (33, 20, 9)):
         yield m, n, k, True, False
     for m in (1, 9, 64):
-        for n in (12, 32, 40, 96):
+        for n in (12, 32, 40, 57, 96):
             for k in (1, 15, 16, 33, 256, 300, 512, 513):
                 yield m, n, k, False, True
     yield 9, 40, 7, True, True  # both transposed: the library
@@ -200,14 +201,15 @@ def test_tile_rows_do_not_depend_on_the_rows_beside_them():
     K fused multiply-adds in the same order (the engine's chunked paths rely on it), with
     K in one block and in two, B as is and transposed (the input gradients' delta @ W^T)."""
     rng = np.random.default_rng(5)
-    for k, b_transposed in ((256, False), (300, False), (256, True), (300, True)):
+    for k, n, b_transposed in ((256, 96, False), (300, 96, False), (256, 96, True), (300, 96, True),
+                               (256, 12, False), (300, 44, False), (256, 57, True)):
         a = rng.standard_normal((67, k)).astype(np.float32)
-        b = rng.standard_normal((96, k)).astype(np.float32).T if b_transposed else \
-            rng.standard_normal((k, 96)).astype(np.float32)
-        full = np.empty((67, 96), np.float32)
+        b = rng.standard_normal((n, k)).astype(np.float32).T if b_transposed else \
+            rng.standard_normal((k, n)).astype(np.float32)
+        full = np.empty((67, n), np.float32)
         _gemm_jit(a, b, full)
-        for lo, hi in ((0, 1), (3, 11), (60, 67), (8, 16), (64, 67)):
-            part = np.empty((hi - lo, 96), np.float32)
+        for lo, hi in ((0, 1), (3, 11), (60, 67), (8, 16), (64, 67), (16, 33)):
+            part = np.empty((hi - lo, n), np.float32)
             _gemm_jit(a[lo:hi], b, part)
             np.testing.assert_array_equal(part, full[lo:hi])
 
