@@ -3,10 +3,10 @@
 stands in front of (numpy's OpenBLAS), on the products the networks make, one thread,
 alternating in one process.
 
-Both are called through their bound addresses with the same arguments (ctypes, so both
-pay the same call overhead); for products the tile leaves to the library ("library"
-in the last column) the two columns time the same code. Prints medians in microseconds,
-GFLOP/s and the speed-up, and the library's kernel.
+Both are called by their symbols from an njit loop, as the kernels call the GEMM (no
+Python between calls); for products the tile leaves to the library ("library" in the
+last column) the two columns time the same code. Prints medians in microseconds per
+product, GFLOP/s and the speed-up, and the library's kernel.
 
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_tile_gemm.py
 """
@@ -18,9 +18,10 @@ import sys
 import time
 
 import numpy as np
+from numba import njit, types
 
 from cubedqn import blas
-from cubedqn.blas import NO_TRANS, ROW_MAJOR, TRANS
+from cubedqn.blas import NO_TRANS, ROW_MAJOR, SGEMM_SIG, TRANS
 from cubedqn.profiling import blas_info
 from cubedqn.threads import limit_threads
 
@@ -29,10 +30,12 @@ from cubedqn.threads import limit_threads
 PRODUCTS = [
     ("144-256-256-12 B64: target forward", 64, 256, 256, False),
     ("  online forward (s and s')", 128, 256, 256, False),
+    ("  the head's online forward (N = 12)", 128, 256, 12, False),
     ("  dW of the 256 x 256 layer", 256, 64, 256, True),
     ("  dx of it (B^T)", 64, 256, 256, "B"),
     ("  a batch of 67 (a leftover row)", 67, 256, 256, False),
     ("cube2 preset B128: children's forward", 1536, 256, 256, False),
+    ("  their head (N = 12)", 1536, 256, 12, False),
     ("  dW", 256, 128, 256, True),
     ("  dx (B^T)", 128, 256, 256, "B"),
     ("512-512 net B256: forward", 256, 512, 512, False),
@@ -45,14 +48,26 @@ PRODUCTS = [
 ]
 
 
-def median_us(f, n):
-    f()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts)) * 1e6
+_library = types.ExternalFunction(blas.tile_gemm.LIBRARY, SGEMM_SIG)
+_tile = types.ExternalFunction(blas.tile_gemm.TILE, SGEMM_SIG)
+
+
+@njit
+def _repeat(use_tile, ta, tb, m, n, k, a, lda, b, ldb, c, reps):
+    one, zero = np.float32(1.0), np.float32(0.0)
+    for _ in range(reps):
+        if use_tile:
+            _tile(ROW_MAJOR, ta, tb, m, n, k, one, a.ctypes, lda, b.ctypes, ldb, zero, c.ctypes, n)
+        else:
+            _library(ROW_MAJOR, ta, tb, m, n, k, one, a.ctypes, lda, b.ctypes, ldb, zero, c.ctypes, n)
+
+
+def time_us(use_tile, args, reps):
+    """us per product over `reps` back-to-back products (after two untimed)."""
+    _repeat(use_tile, *args, 2)
+    t = time.perf_counter()
+    _repeat(use_tile, *args, reps)
+    return (time.perf_counter() - t) / reps * 1e6
 
 
 def main():
@@ -62,11 +77,9 @@ def main():
     if not blas.TILE:
         sys.exit(f"the tile GEMM is not bound here: {blas.TILE_STATUS}")
     limit_threads(1)
-    tile = blas._CTYPES_SIG(blas._TILE_ENGINE.get_function_address(blas.tile_gemm.TILE))
-    library = blas._CTYPES_SIG(blas._LIBRARY_ADDRESS)
     b = blas_info()
     print(f"library: {b['library']} {b['version']} ({b['source']}'s) kernel {b['kernel']}; one thread; "
-          f"medians of {args.rounds} alternating rounds, us per call")
+          f"medians of {args.rounds} alternating rounds, us per product")
     print(f"{'product':<40s} {'M x K x N':>22s} {'library':>9s} {'tile':>9s} {'GFLOP/s':>15s} {'speed-up':>9s}")
     rng = np.random.default_rng(0)
     for label, m, k, n, trans in PRODUCTS:
@@ -76,23 +89,18 @@ def main():
         outs = [np.zeros((m, n), np.float32) for _ in range(2)]
         ta, tb = TRANS if trans else NO_TRANS, TRANS if trans_b else NO_TRANS
 
-        def call(fn, out):
-            return lambda: fn(ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, a.shape[1], bm.ctypes.data,
-                              bm.shape[1], 0.0, out.ctypes.data, n)
-
-        calls = [call(library, outs[0]), call(tile, outs[1])]
         reps = max(5, int(2e8 // (2 * m * n * k)))
         times = [[], []]
         for _ in range(args.rounds):
-            for t, f in zip(times, calls):
-                t.append(median_us(f, reps))
+            for use_tile, (t, out) in enumerate(zip(times, outs)):
+                t.append(time_us(bool(use_tile), (ta, tb, m, n, k, a, a.shape[1], bm, bm.shape[1], out), reps))
         want = (a.T if trans else a).astype(np.float64) @ (bm.T if trans_b else bm).astype(np.float64)
         for out in outs:
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
         lib_us, tile_us = (float(np.median(t)) for t in times)
         flops = 2.0 * m * n * k
         tg = blas.tile_gemm
-        taken = n >= tg.NR and (k <= tg.TRANS_A_MAX and m <= tg.TRANS_A_MAX if trans else k <= tg.K_MAX)
+        taken = n >= tg.N_MIN and (k <= tg.TRANS_A_MAX and m <= tg.TRANS_A_MAX if trans else k <= tg.K_MAX)
         shape = f"{m} x {k} x {n}{' (A^T)' if trans else ' (B^T)' if trans_b else ''}"
         print(f"{label:<40s} {shape:>22s} {lib_us:9.1f} {tile_us:9.1f} {flops / lib_us / 1e3:7.1f} "
               f"{flops / tile_us / 1e3:7.1f} {lib_us / tile_us:8.2f}x{'' if taken else ' library'}")
