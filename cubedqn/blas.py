@@ -223,18 +223,54 @@ def _check_tile(fn) -> bool:
     return True
 
 
+_GET_THREADS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                "openblas_get_num_threads")
+
+
+@cfunc(types.int32(), cache=True)
+def _one_thread():
+    return 1
+
+
+def _threads_query():
+    """Address of the bound library's `openblas_get_num_threads`, read by the tile at every
+    call (it leaves products to a library running on several threads). numba's np.dot (the
+    "scipy" choice) runs scipy's OpenBLAS; where neither is found, one thread is assumed."""
+    from threadpoolctl import threadpool_info
+    if BACKEND == "numpy":
+        paths = [BACKEND_INFO["filepath"]]
+    else:
+        import scipy.linalg.cython_blas  # noqa: F401  (loads scipy's OpenBLAS)
+        paths = [i["filepath"] for i in threadpool_info() if i.get("internal_api") == "openblas"
+                 and {"scipy.libs", "scipy"} & set(Path(i.get("filepath", "")).parts)]
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _GET_THREADS:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                return ctypes.cast(fn, ctypes.c_void_p).value
+    return _one_thread.address
+
+
 def _bind_tile(library_address):
     """Bind SYMBOL to tile_gemm's sgemm (which calls the library for what it leaves) where
     CUBEDQN_TILE_GEMM allows and the CPU has AVX-512; returns (engine or None, why not)."""
     llb.add_symbol(tile_gemm.LIBRARY, library_address)
     if not TILE_WANTED:
         return None, "off (CUBEDQN_TILE_GEMM=0)"
+    llb.add_symbol(tile_gemm.THREADS, _threads_query())
     try:
         engine, _ = tile_gemm.compile_tile()
     except Exception as e:  # no AVX-512, or an LLVM that cannot target this CPU
         return None, f"not used: {e}"
     address = engine.get_function_address(tile_gemm.TILE)
-    if not (_check(_CTYPES_SIG(address)) and _check_tile(_CTYPES_SIG(address))):
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=1, user_api="blas"):  # so that the check runs the tile, not the library
+        ok = _check(_CTYPES_SIG(address)) and _check_tile(_CTYPES_SIG(address))
+    if not ok:
         return None, "not used: it failed the check on small products"
     llb.add_symbol(SYMBOL, address)
     return engine, None

@@ -5,11 +5,13 @@ signature, that blas.py binds as the engine's GEMM symbol (`cubedqn_sgemm64`) on
 AVX-512. It computes C = op(A) @ op(B) itself where that beats OpenBLAS and hands every
 other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
 
-  taken here  row-major, alpha 1, beta 0, N >= 8, B as is or transposed (input gradients:
+  taken here  the library on one thread (with two, OpenBLAS splits the product and ran
+              0.5-0.9x the tile's time on most of these), row-major, alpha 1, beta 0,
+              N >= 8, B as is or transposed (input gradients:
               delta @ W^T), and either A as is with K <= 512 (forward layers: (B, in) @
               (in, out)) or A transposed with M, K <= 256 (weight gradients at batch
               <= 256: acts^T @ delta).
-  the library everything else: K > 512 (the 3x3x3's 1024-wide layer: 0.92-1.03x there),
+  the library everything else: BLAS threads > 1, K > 512 (the 3x3x3's 1024-wide layer: 0.92-1.03x there),
               a transposed A with M > 256 (0.8-1.0x) or K > 256 (1.0x), N < 8.
 
 How: for each 32 columns of C and each block of up to 256 values of k, it copies that
@@ -42,6 +44,7 @@ import llvmlite.ir as ir
 from .native import host_features, load_or_compile
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
+THREADS = "cubedqn_blas_threads"  # int (): the library's thread count now (blas.py binds it)
 MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), floats per zmm register
 K_BLOCK = 256                  # the panel buffer: K_BLOCK x NR floats on the stack (32 KB); K in blocks of K_BLOCK
 N_MIN = 8                   # narrower products stay with the library (a vector would be mostly idle)
@@ -61,6 +64,7 @@ def module_ir() -> str:
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec = ir.VectorType(f32, LANES)
     library = ir.Function(mod, _signature(), name=LIBRARY)
+    library_threads = ir.Function(mod, ir.FunctionType(i32, []), name=THREADS)
     fn = ir.Function(mod, _signature(), name=TILE)
     order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc = fn.args
     fma = ir.Function(mod, ir.FunctionType(vec, [vec, vec, vec]), name=f"llvm.fma.v{LANES}f32")
@@ -74,7 +78,7 @@ def module_ir() -> str:
 
     # --- which calls the tile takes (the module docstring's rule)
     trans, b_trans = b.icmp_signed("==", ta, c32(TRANS)), b.icmp_signed("==", tb, c32(TRANS))
-    conds = [b.icmp_signed("==", order, c32(ROW_MAJOR)),
+    conds = [b.icmp_signed("<=", b.call(library_threads, []), c32(1)), b.icmp_signed("==", order, c32(ROW_MAJOR)),
              b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)), b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)),
              b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1)),
              b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
@@ -272,7 +276,7 @@ def _transpose(b, rows):
 
 
 def compile_tile():
-    """(engine, "cache" or "compiled") with TILE bound; LIBRARY must be bound before.
+    """(engine, "cache" or "compiled") with TILE bound; LIBRARY and THREADS must be bound before.
     Raises where the CPU has no AVX-512 or LLVM cannot compile the IR."""
     if "+avx512f" not in host_features().split(","):
         raise RuntimeError("needs AVX-512 (16 accumulators of 32 floats)")

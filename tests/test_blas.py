@@ -155,6 +155,14 @@ def test_unknown_choice_is_a_one_line_error():
 needs_tile = pytest.mark.skipif(not blas.TILE, reason=f"tile GEMM not bound here: {blas.TILE_STATUS}")
 
 
+@pytest.fixture
+def one_blas_thread():
+    """The tile takes products only while the library runs on one thread."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 def _tile():
     return blas._CTYPES_SIG(blas._TILE_ENGINE.get_function_address(blas.tile_gemm.TILE))
 
@@ -179,7 +187,7 @@ def _tile_cases():
 
 @needs_tile
 @pytest.mark.parametrize("m,n,k,trans_a,trans_b", list(_tile_cases()))
-def test_tile_sgemm_matches_float64_reference(m, n, k, trans_a, trans_b):
+def test_tile_sgemm_matches_float64_reference(m, n, k, trans_a, trans_b, one_blas_thread):
     """Through the bound symbol's ctypes face, leading dimensions wider than the matrices,
     C's padding left untouched; products the tile leaves go to the library, same result."""
     rng = np.random.default_rng(m * 10007 + n * 101 + k)
@@ -196,7 +204,7 @@ def test_tile_sgemm_matches_float64_reference(m, n, k, trans_a, trans_b):
 
 
 @needs_tile
-def test_tile_rows_do_not_depend_on_the_rows_beside_them():
+def test_tile_rows_do_not_depend_on_the_rows_beside_them(one_blas_thread):
     """Bitwise: a row computed alone, in an 8-row block or as a leftover row is the same
     K fused multiply-adds in the same order (the engine's chunked paths rely on it), with
     K in one block and in two, B as is and transposed (the input gradients' delta @ W^T)."""
@@ -215,7 +223,7 @@ def test_tile_rows_do_not_depend_on_the_rows_beside_them():
 
 
 @needs_tile
-def test_tile_passes_its_check_and_a_wrong_one_does_not():
+def test_tile_passes_its_check_and_a_wrong_one_does_not(one_blas_thread):
     assert blas._check(_tile()) and blas._check_tile(_tile())
     noop = blas._CTYPES_SIG(lambda *args: None)
     assert not blas._check_tile(noop)
@@ -227,9 +235,31 @@ def test_tile_off_gives_the_same_network_rows():
     rows = {}
     for flag in ("0", "1"):
         env = dict(os.environ, CUBEDQN_TILE_GEMM=flag)
-        code = _NETWORK_ROWS.replace("print(blas.BACKEND,", "print(blas.TILE,")
+        code = "from cubedqn.threads import limit_threads\nlimit_threads(1)\n" + \
+            _NETWORK_ROWS.replace("print(blas.BACKEND,", "print(blas.TILE,")
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                              check=True).stdout.split()
         rows[flag] = (out[0], np.array([float(v) for v in out[1:]]))
     assert rows["0"][0] == "False" and rows["1"][0] == str(blas.TILE)
     np.testing.assert_allclose(rows["1"][1], rows["0"][1], rtol=1e-5, atol=1e-5)
+
+
+@needs_tile
+def test_tile_leaves_everything_to_a_library_on_two_threads():
+    """With the library on two threads the tile symbol runs the library itself (OpenBLAS
+    splits the product between the threads): the same bits as calling the library."""
+    from threadpoolctl import threadpool_limits
+    rng = np.random.default_rng(7)
+    library = blas._CTYPES_SIG(blas._LIBRARY_ADDRESS)
+    with threadpool_limits(limits=2, user_api="blas"):
+        for m, n, k, tb in ((64, 256, 256, NO_TRANS), (128, 256, 512, NO_TRANS), (64, 256, 256, TRANS),
+                            (1536, 12, 256, NO_TRANS)):
+            a = rng.standard_normal((m, k)).astype(np.float32)
+            b = rng.standard_normal((k, n) if tb == NO_TRANS else (n, k)).astype(np.float32)
+            outs = []
+            for fn in (library, _tile()):
+                out = np.empty((m, n), np.float32)
+                fn(ROW_MAJOR, NO_TRANS, tb, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, b.shape[1], 0.0,
+                   out.ctypes.data, n)
+                outs.append(out)
+            np.testing.assert_array_equal(outs[1], outs[0])
