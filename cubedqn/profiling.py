@@ -237,7 +237,7 @@ def format_report(r: dict) -> str:
     b = r["blas"]
     lines.append(f"BLAS: {b['library']} {b['version']} ({b.get('source', 'scipy')}'s) kernel {b['kernel']}, "
                  f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}; "
-                 f"tile GEMM (tile_gemm.py) {b.get('tile_gemm', 'absent')}")
+                 f"tile GEMM (tile_gemm.py; used while BLAS runs on one thread) {b.get('tile_gemm', 'absent')}")
     if r.get("cpu"):
         lines.append(f"CPU: {describe_cpu(r['cpu'])}")
     if r.get("blas_probe"):
