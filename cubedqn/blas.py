@@ -227,9 +227,7 @@ _GET_THREADS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64
                 "openblas_get_num_threads")
 
 
-@cfunc(types.int32(), cache=True)
-def _one_thread():
-    return 1
+_KEEP = []  # native callbacks bound as symbols stay alive here
 
 
 def _threads_query():
@@ -252,7 +250,12 @@ def _threads_query():
             fn = getattr(lib, name, None)
             if fn is not None:
                 return ctypes.cast(fn, ctypes.c_void_p).value
-    return _one_thread.address
+    @cfunc(types.int32(), cache=True)
+    def one_thread():
+        return 1
+
+    _KEEP.append(one_thread)
+    return one_thread.address
 
 
 def _bind_tile(library_address):
