@@ -15,6 +15,12 @@ symbol `cubedqn_sgemm64`, which this module binds at import:
            numba's np.dot, i.e. scipy's BLAS: used when numpy has no such library (other
            numpy builds: Accelerate, MKL) or when CUBEDQN_BLAS=scipy is set.
 
+On CPUs with AVX-512 the symbol is then bound to `tile_gemm.py`'s sgemm instead, which
+computes the networks' small products itself (an 8 x 32 register tile) while the library
+runs on one thread and calls the library, bound as `cubedqn_blas_sgemm64`, for the rest;
+it is checked on small products at import and not bound if that fails.
+`CUBEDQN_TILE_GEMM=0` binds the library alone.
+
 The choice lives in the symbol, not in the compiled kernels: a kernel loaded from Numba's
 cache calls `cubedqn_sgemm64` by name, so it stays valid when the choice changes. float64
 (gradient checks) always uses np.dot. Threads: `threads.limit_threads` limits every
@@ -23,7 +29,8 @@ loaded BLAS, numpy's included.
 nn.py's kernels inline `gemm`: after editing this file, clear Numba's cache (a change in
 another module does not invalidate a cached caller: numba issues #1833, #9483).
 
-What it is not: a GEMM implementation. The contract of `gemm`: 2-D operands, each one
+What it is not: a GEMM implementation (tile_gemm.py holds the one this project writes). The
+contract of `gemm`: 2-D operands, each one
 either row-contiguous (as a C array or its row slice) or column-contiguous (a transposed
 view); anything else goes to np.dot. alpha 1, beta 0. Operands whose numba type already
 says C or F (contiguous) compile without the runtime check and the np.dot branch.
@@ -250,6 +257,7 @@ def _threads_query():
             fn = getattr(lib, name, None)
             if fn is not None:
                 return ctypes.cast(fn, ctypes.c_void_p).value
+
     @cfunc(types.int32(), cache=True)
     def one_thread():
         return 1

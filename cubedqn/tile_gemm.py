@@ -5,14 +5,15 @@ signature, that blas.py binds as the engine's GEMM symbol (`cubedqn_sgemm64`) on
 AVX-512. It computes C = op(A) @ op(B) itself where that beats OpenBLAS and hands every
 other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
 
-  taken here  the library on one thread (with two, OpenBLAS splits the product and ran
-              0.5-0.9x the tile's time on most of these), row-major, alpha 1, beta 0,
-              N >= 8, B as is or transposed (input gradients:
-              delta @ W^T), and either A as is with K <= 512 (forward layers: (B, in) @
-              (in, out)) or A transposed with M, K <= 256 (weight gradients at batch
-              <= 256: acts^T @ delta).
-  the library everything else: BLAS threads > 1, K > 512 (the 3x3x3's 1024-wide layer: 0.92-1.03x there),
-              a transposed A with M > 256 (0.8-1.0x) or K > 256 (1.0x), N < 8.
+  taken here  while the library runs on one thread (on two, OpenBLAS splitting a product
+              took 0.5-0.9x the tile's time on most of these): row-major, alpha 1,
+              beta 0, N >= 8, B as is or transposed (input gradients: delta @ W^T), and
+              either A as is with K <= 512 (forward layers: (B, in) @ (in, out)) or A
+              transposed with M, K <= 256 (weight gradients at batch <= 256:
+              acts^T @ delta).
+  the library everything else: BLAS threads > 1; K > 512 (the 3x3x3's 1024-wide layer:
+              0.92-1.03x there); a transposed A with M > 256 (0.8-1.0x) or K > 256
+              (1.0x); N < 8.
 
 How: for each 32 columns of C and each block of up to 256 values of k, it copies that
 block of op(B)'s panel (at most 256 x 32 floats, 32 KB; a transposed B's 16 x 16 blocks
@@ -46,7 +47,7 @@ from .native import host_features, load_or_compile
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 THREADS = "cubedqn_blas_threads"  # int (): the library's thread count now (blas.py binds it)
 MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), floats per zmm register
-K_BLOCK = 256                  # the panel buffer: K_BLOCK x NR floats on the stack (32 KB); K in blocks of K_BLOCK
+K_BLOCK = 256               # K in blocks of this: the panel is K_BLOCK x NR floats on the stack (32 KB)
 N_MIN = 8                   # narrower products stay with the library (a vector would be mostly idle)
 K_MAX = 512                 # the longest K taken with A as is (two blocks)
 TRANS_A_MAX = 256           # a transposed A is taken up to this many rows of C and this K
@@ -140,7 +141,8 @@ def module_ir() -> str:
 
     vp = vec.as_pointer()
     mask_t = ir.VectorType(ir.IntType(1), LANES)
-    masked_load = ir.Function(mod, ir.FunctionType(vec, [vp, i32, mask_t, vec]), name="llvm.masked.load.v16f32.p0v16f32")
+    masked_load = ir.Function(mod, ir.FunctionType(vec, [vp, i32, mask_t, vec]),
+                              name="llvm.masked.load.v16f32.p0v16f32")
     masked_store = ir.Function(mod, ir.FunctionType(ir.VoidType(), [vec, vp, i32, mask_t]),
                                name="llvm.masked.store.v16f32.p0v16f32")
 
@@ -156,10 +158,10 @@ def module_ir() -> str:
             b.call(masked_store, [v, vptr(ptr, off), c32(align), mask])
 
     def columns(j0, nvec, masks, mr, width):
-        """C[:, j0:j0+width] (width = nvec * 16 columns, the last `width` of them real where
-        masks is None, else those the masks set): K in blocks of K_BLOCK rows of op(B), each
-        block's panel, then every row of C from where the previous block left it (so each
-        element is still one chain of FMAs over k in order)."""
+        """C[:, j0:j0+width], width = nvec * 16 columns (all of them where masks is None,
+        else the lanes the masks set), mr rows at a time: K in blocks of K_BLOCK rows of
+        op(B), each block's panel, then every row of C from where the previous block left
+        it (so each element is still one chain of FMAs over k in order)."""
         n_blocks = b.sdiv(b.add(K, c64(K_BLOCK - 1)), c64(K_BLOCK))
         kb, _, close_kb = loop(c64(0), n_blocks, 1, f"kb{nvec}")
         k0 = b.mul(kb, c64(K_BLOCK))
