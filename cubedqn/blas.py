@@ -29,11 +29,11 @@ loaded BLAS, numpy's included.
 nn.py's kernels inline `gemm`: after editing this file, clear Numba's cache (a change in
 another module does not invalidate a cached caller: numba issues #1833, #9483).
 
-What it is not: a GEMM implementation (tile_gemm.py holds the one this project writes). The
-contract of `gemm`: 2-D operands, each one
-either row-contiguous (as a C array or its row slice) or column-contiguous (a transposed
-view); anything else goes to np.dot. alpha 1, beta 0. Operands whose numba type already
-says C or F (contiguous) compile without the runtime check and the np.dot branch.
+What it is not: a GEMM implementation (tile_gemm.py holds the one this project writes).
+The contract of `gemm`: 2-D operands, each one either row-contiguous (as a C array or its
+row slice) or column-contiguous (a transposed view); anything else goes to np.dot. alpha
+1, beta 0. Operands whose numba type already says C or F (contiguous) compile without the
+runtime check and the np.dot branch.
 """
 
 from __future__ import annotations
