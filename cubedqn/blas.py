@@ -57,6 +57,9 @@ CHOICES = ("numpy", "scipy")
 _i32, _i64, _f32, _fp = types.int32, types.int64, types.float32, types.CPointer(types.float32)
 SGEMM_SIG = types.void(_i32, _i32, _i32, _i64, _i64, _i64, _f32, _fp, _i64, _fp, _i64, _f32, _fp, _i64)
 _sgemm = types.ExternalFunction(SYMBOL, SGEMM_SIG)
+# tile_gemm's C = A @ B + bias (ReLU if relu): 1 when done, 0 when the caller must do it
+BIAS_SIG = types.int64(_i64, _i64, _i64, _fp, _i64, _fp, _i64, _fp, _i64, _fp, _i64)
+_sgemm_bias = types.ExternalFunction(tile_gemm.TILE_BIAS, BIAS_SIG)
 _CTYPES_SIG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
@@ -78,6 +81,29 @@ def _operand(x):
     if s0 == 4 and s1 >= 4 * max(1, rows) and s1 % 4 == 0:
         return TRANS, s1 // 4
     return 0, 0
+
+
+def gemm_bias_relu(a, b, bias, out, relu):
+    """out = a @ b + bias, then ReLU if relu, in one pass where the tile GEMM takes the
+    product; returns whether it did (if not, nothing was touched). From Python: False."""
+    return False
+
+
+@overload(gemm_bias_relu, jit_options={"nogil": True})
+def _gemm_bias_relu_overload(a, b, bias, out, relu):
+    if not (a.ndim == b.ndim == out.ndim == 2 and bias.ndim == 1 and
+            a.dtype == b.dtype == out.dtype == bias.dtype == types.float32 and
+            a.layout == b.layout == out.layout == "C" and bias.layout == "C"):
+        def not_here(a, b, bias, out, relu):
+            return False
+        return not_here
+
+    def via_tile(a, b, bias, out, relu):
+        m, k = a.shape
+        n = b.shape[1]
+        return _sgemm_bias(m, n, k, a.ctypes, a.strides[0] // 4, b.ctypes, b.strides[0] // 4, out.ctypes,
+                           out.strides[0] // 4, bias.ctypes, 1 if relu else 0) != 0
+    return via_tile
 
 
 @overload(gemm, jit_options={"nogil": True})
@@ -266,22 +292,64 @@ def _threads_query():
     return one_thread.address
 
 
+_BIAS_CTYPES = ctypes.CFUNCTYPE(ctypes.c_int64, *([ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64] * 3 +
+                                                 [ctypes.c_void_p, ctypes.c_int64]))
+
+
+def _check_bias(fn, sgemm) -> bool:
+    """Does fn (TILE_BIAS) give the same bits as sgemm (TILE) followed by dense_forward's
+    bias and ReLU pass, with and without the ReLU, K in one block and in two, a tail?"""
+    rng = np.random.default_rng(2)
+    m, n = 17, 44
+    for k, relu in ((7, True), (300, False), (300, True)):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        want = np.empty((m, n), np.float32)
+        sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n, 0.0,
+              want.ctypes.data, n)
+        want += bias
+        if relu:
+            want = np.where(want > 0, want, np.float32(0))
+        got = np.full((m, n), np.nan, np.float32)
+        if fn(m, n, k, a.ctypes.data, k, b.ctypes.data, n, got.ctypes.data, n, bias.ctypes.data, int(relu)) != 1 \
+                or not np.array_equal(got, want):
+            return False
+    return True
+
+
+def _bind_no_bias():
+    """TILE_BIAS where the tile is not bound: does nothing, returns 0 (the caller's pass)."""
+    @cfunc(BIAS_SIG, cache=True)
+    def not_done(m, n, k, a, lda, b, ldb, c, ldc, bias, relu):
+        return 0
+
+    _KEEP.append(not_done)
+    llb.add_symbol(tile_gemm.TILE_BIAS, not_done.address)
+
+
 def _bind_tile(library_address):
-    """Bind SYMBOL to tile_gemm's sgemm (which calls the library for what it leaves) where
-    CUBEDQN_TILE_GEMM allows and the CPU has AVX-512; returns (engine or None, why not)."""
+    """Bind SYMBOL to tile_gemm's sgemm (which calls the library for what it leaves), and
+    TILE_BIAS to its bias-and-ReLU version, where CUBEDQN_TILE_GEMM allows and the CPU has
+    AVX-512; returns (engine or None, why not)."""
     llb.add_symbol(tile_gemm.LIBRARY, library_address)
     if not TILE_WANTED:
+        _bind_no_bias()
         return None, "off (CUBEDQN_TILE_GEMM=0)"
     llb.add_symbol(tile_gemm.THREADS, _threads_query())
     try:
         engine, _ = tile_gemm.compile_tile()
     except Exception as e:  # no AVX-512, or an LLVM that cannot target this CPU
+        _bind_no_bias()
         return None, f"not used: {e}"
     address = engine.get_function_address(tile_gemm.TILE)
+    bias_address = engine.get_function_address(tile_gemm.TILE_BIAS)
     from threadpoolctl import threadpool_limits
     with threadpool_limits(limits=1, user_api="blas"):  # so that the check runs the tile, not the library
-        ok = _check(_CTYPES_SIG(address)) and _check_tile(_CTYPES_SIG(address))
+        ok = (_check(_CTYPES_SIG(address)) and _check_tile(_CTYPES_SIG(address))
+              and _check_bias(_BIAS_CTYPES(bias_address), _CTYPES_SIG(address)))
     if not ok:
+        _bind_no_bias()
         return None, "not used: it failed the check on small products"
     llb.add_symbol(SYMBOL, address)
     return engine, None

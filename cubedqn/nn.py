@@ -28,7 +28,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from . import panels
-from .blas import gemm
+from .blas import gemm, gemm_bias_relu
 
 HUBER, MSE = 0, 1
 PANEL_MAX_IN = 384  # widest W1 (input rows) the panel kernels take: a 48 KB panel
@@ -418,6 +418,8 @@ def sparse_backward_compact(idx, dout, G, db, mark, slot, touched):
 @njit(cache=True, nogil=True, error_model="numpy")
 def dense_forward(x, W, b, out, relu):
     """x (B,in), W (in,out), b (out,) -> out (B,out) = x @ W + b, then ReLU if relu."""
+    if gemm_bias_relu(x, W, b, out, relu):  # the tile GEMM, bias and ReLU in its stores
+        return
     gemm(x, W, out)
     n, h = out.shape
     for i in range(n):

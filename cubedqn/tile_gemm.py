@@ -2,7 +2,11 @@
 
 What this file is: one function, `cubedqn_tile_sgemm64`, with the CBLAS ILP64 sgemm
 signature, that blas.py binds as the engine's GEMM symbol (`cubedqn_sgemm64`) on CPUs with
-AVX-512. It computes C = op(A) @ op(B) itself where that beats OpenBLAS and hands every
+AVX-512, and its twin `cubedqn_tile_sgemm_bias` for the forward layers (nn.dense_forward
+through blas.gemm_bias_relu), which also adds the bias and applies the ReLU in the last
+stores, the same add and comparison per element as dense_forward's own pass, instead of
+a second pass over the output (or returns 0 and leaves it all to the caller where the
+tile would not take the product). It computes C = op(A) @ op(B) itself where that beats OpenBLAS and hands every
 other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
 
   taken here  while the library runs on one thread (on two, OpenBLAS splitting a product
@@ -45,6 +49,10 @@ import llvmlite.ir as ir
 from .native import host_features, load_or_compile
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
+# i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
+# TILE does for A and B as they are; returns 1, or 0 (nothing done) where TILE would leave
+# the product to the library (then the caller runs the GEMM and its own bias pass)
+TILE_BIAS = "cubedqn_tile_sgemm_bias"
 THREADS = "cubedqn_blas_threads"  # int (): the library's thread count now (blas.py binds it)
 MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), floats per zmm register
 K_BLOCK = 256               # K in blocks of this: the panel is K_BLOCK x NR floats on the stack (32 KB)
@@ -60,16 +68,29 @@ def _signature():
     return ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, fp, i64, fp, i64, f32, fp, i64])
 
 
+def _bias_signature():
+    i64, fp = ir.IntType(64), ir.FloatType().as_pointer()
+    return ir.FunctionType(i64, [i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64])
+
+
 def module_ir() -> str:
     mod = ir.Module(name="cubedqn_tile_gemm")
+    _emit(mod, epilogue=False)
+    _emit(mod, epilogue=True)
+    return str(mod)
+
+
+def _declare(mod, name, ftype):
+    return mod.globals.get(name) or ir.Function(mod, ftype, name=name)
+
+
+def _emit(mod, epilogue):
+    """TILE (epilogue False) or TILE_BIAS into mod."""
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec = ir.VectorType(f32, LANES)
-    library = ir.Function(mod, _signature(), name=LIBRARY)
-    library_threads = ir.Function(mod, ir.FunctionType(i32, []), name=THREADS)
-    fn = ir.Function(mod, _signature(), name=TILE)
-    order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc = fn.args
-    fma = ir.Function(mod, ir.FunctionType(vec, [vec, vec, vec]), name=f"llvm.fma.v{LANES}f32")
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    library = _declare(mod, LIBRARY, _signature())
+    library_threads = _declare(mod, THREADS, ir.FunctionType(i32, []))
+    fma = _declare(mod, f"llvm.fma.v{LANES}f32", ir.FunctionType(vec, [vec, vec, vec]))
 
     def c64(v):
         return ir.Constant(i64, v)
@@ -78,22 +99,37 @@ def module_ir() -> str:
         return ir.Constant(i32, v)
 
     # --- which calls the tile takes (the module docstring's rule)
-    trans, b_trans = b.icmp_signed("==", ta, c32(TRANS)), b.icmp_signed("==", tb, c32(TRANS))
-    conds = [b.icmp_signed("<=", b.call(library_threads, []), c32(1)), b.icmp_signed("==", order, c32(ROW_MAJOR)),
-             b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)), b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)),
-             b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1)),
-             b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
-                   b.and_(trans, b.and_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
-                                        b.icmp_signed("<=", K, c64(TRANS_A_MAX))))),
-             b.or_(b.icmp_signed("==", tb, c32(NO_TRANS)), b.and_(b_trans, b.icmp_signed("<=", K, c64(K_MAX))))]
+    if epilogue:
+        fn = ir.Function(mod, _bias_signature(), name=TILE_BIAS)
+        M, N, K, A, lda, B, ldb, C, ldc, bias, relu = fn.args
+        ta = tb = c32(NO_TRANS)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        trans = b_trans = ir.Constant(ir.IntType(1), 0)
+        conds = [b.icmp_signed("<=", b.call(library_threads, []), c32(1)), b.icmp_signed(">=", K, c64(1)),
+                 b.icmp_signed("<=", K, c64(K_MAX)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1))]
+    else:
+        fn = ir.Function(mod, _signature(), name=TILE)
+        order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        trans, b_trans = b.icmp_signed("==", ta, c32(TRANS)), b.icmp_signed("==", tb, c32(TRANS))
+        conds = [b.icmp_signed("<=", b.call(library_threads, []), c32(1)), b.icmp_signed("==", order, c32(ROW_MAJOR)),
+                 b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)), b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)),
+                 b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1)),
+                 b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
+                       b.and_(trans, b.and_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
+                                            b.icmp_signed("<=", K, c64(TRANS_A_MAX))))),
+                 b.or_(b.icmp_signed("==", tb, c32(NO_TRANS)), b.and_(b_trans, b.icmp_signed("<=", K, c64(K_MAX))))]
     take = conds[0]
     for cond in conds[1:]:
         take = b.and_(take, cond)
     tile_bb, lib_bb = fn.append_basic_block("tile"), fn.append_basic_block("library")
     b.cbranch(take, tile_bb, lib_bb)
     b.position_at_end(lib_bb)
-    b.call(library, fn.args)
-    b.ret_void()
+    if epilogue:
+        b.ret(c64(0))  # not taken: the caller runs the library and its own bias pass
+    else:
+        b.call(library, fn.args)
+        b.ret_void()
 
     b.position_at_end(tile_bb)
     panel = b.alloca(ir.ArrayType(f32, K_BLOCK * NR))
@@ -141,10 +177,9 @@ def module_ir() -> str:
 
     vp = vec.as_pointer()
     mask_t = ir.VectorType(ir.IntType(1), LANES)
-    masked_load = ir.Function(mod, ir.FunctionType(vec, [vp, i32, mask_t, vec]),
-                              name="llvm.masked.load.v16f32.p0v16f32")
-    masked_store = ir.Function(mod, ir.FunctionType(ir.VoidType(), [vec, vp, i32, mask_t]),
-                               name="llvm.masked.store.v16f32.p0v16f32")
+    masked_load = _declare(mod, "llvm.masked.load.v16f32.p0v16f32", ir.FunctionType(vec, [vp, i32, mask_t, vec]))
+    masked_store = _declare(mod, "llvm.masked.store.v16f32.p0v16f32",
+                            ir.FunctionType(ir.VoidType(), [vec, vp, i32, mask_t]))
 
     def vload(ptr, off, mask, align=4):
         if mask is None:
@@ -168,6 +203,10 @@ def module_ir() -> str:
         rest = b.sub(K, k0)
         kn = b.select(b.icmp_signed("<", rest, c64(K_BLOCK)), rest, c64(K_BLOCK))
         first = b.icmp_signed("==", kb, c64(0))
+        if epilogue:  # the bias (and ReLU) go on with the last block's store
+            last = b.icmp_signed("==", kb, b.sub(n_blocks, c64(1)))
+            clip = b.and_(last, b.icmp_signed("!=", relu, c64(0)))
+            bias_v = [vload(bias, b.add(j0, c64(v * LANES)), masks and masks[v]) for v in range(nvec)]
         # op(B)[k0:k0+kn, j0:j0+width] -> panel (kn rows NR apart, contiguous; zero past N)
         pack_t, pack_n, packed = (fn.append_basic_block(f"{x}{nvec}") for x in ("pack.t", "pack.n", "packed"))
         b.cbranch(b_trans, pack_t, pack_n)
@@ -226,7 +265,11 @@ def module_ir() -> str:
             for r in range(mr):
                 base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
                 for v in range(nvec):
-                    vstore(sums[r * nvec + v], C, b.add(base, c64(v * LANES)), masks and masks[v])
+                    out = sums[r * nvec + v]
+                    if epilogue:  # as nn.dense_forward's pass: v = sum + b; v if v > 0 else 0
+                        out = b.select(last, b.fadd(out, bias_v[v]), out)
+                        out = b.select(clip, b.select(b.fcmp_ordered(">", out, zero), out, zero), out)
+                    vstore(out, C, b.add(base, c64(v * LANES)), masks and masks[v])
             close_i()
             return i0
 
@@ -256,8 +299,10 @@ def module_ir() -> str:
     columns(n_tiled, 2, masks, MR, NR)
     b.branch(done_bb)
     b.position_at_end(done_bb)
-    b.ret_void()
-    return str(mod)
+    if epilogue:
+        b.ret(c64(1))
+    else:
+        b.ret_void()
 
 
 def _transpose(b, rows):
@@ -283,4 +328,4 @@ def compile_tile():
     if "+avx512f" not in host_features().split(","):
         raise RuntimeError("needs AVX-512 (16 accumulators of 32 floats)")
     # LLVM's default for these CPUs is 256-bit vectors; the tile is written for 512
-    return load_or_compile("tile-gemm", __file__, module_ir, (TILE,), ",-prefer-256-bit")
+    return load_or_compile("tile-gemm", __file__, module_ir, (TILE, TILE_BIAS), ",-prefer-256-bit")

@@ -227,6 +227,9 @@ def test_tile_passes_its_check_and_a_wrong_one_does_not(one_blas_thread):
     assert blas._check(_tile()) and blas._check_tile(_tile())
     noop = blas._CTYPES_SIG(lambda *args: None)
     assert not blas._check_tile(noop)
+    bias = blas._BIAS_CTYPES(blas._TILE_ENGINE.get_function_address(blas.tile_gemm.TILE_BIAS))
+    assert blas._check_bias(bias, _tile())
+    assert not blas._check_bias(blas._BIAS_CTYPES(lambda *args: 1), _tile())  # says done, did nothing
 
 
 def test_tile_off_gives_the_same_network_rows():
@@ -263,3 +266,48 @@ def test_tile_leaves_everything_to_a_library_on_two_threads():
                    out.ctypes.data, n)
                 outs.append(out)
             np.testing.assert_array_equal(outs[1], outs[0])
+
+
+@njit(cache=True)
+def _bias_relu_jit(a, b, bias, out, relu):
+    return blas.gemm_bias_relu(a, b, bias, out, relu)
+
+
+def _gemm_then_pass(a, b, bias, relu):
+    """What nn.dense_forward does without the tile: the GEMM, then v = o + b, v if v > 0 else 0."""
+    out = np.empty((a.shape[0], b.shape[1]), np.float32)
+    _gemm_jit(a, b, out)
+    out += bias
+    return np.where(out > 0, out, np.float32(0)) if relu else out
+
+
+@needs_tile
+@pytest.mark.parametrize("m,k,n", [(64, 256, 256), (9, 300, 44), (1, 5, 12), (17, 512, 33)])
+@pytest.mark.parametrize("relu", [False, True])
+def test_tile_bias_relu_equals_the_gemm_and_the_pass(m, k, n, relu, one_blas_thread):
+    """Bitwise: the bias and ReLU applied in the tile's last stores are the same one add
+    and one comparison per element as dense_forward's own pass after the GEMM."""
+    rng = np.random.default_rng(m + k + n)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    assert _bias_relu_jit(a, b, bias, out, relu)
+    np.testing.assert_array_equal(out, _gemm_then_pass(a, b, bias, relu))
+
+
+def test_bias_relu_is_left_to_the_caller_where_the_tile_does_not_take_it():
+    """Two library threads, K past the tile's bound, float64 or a transposed operand: it
+    returns False and leaves out alone (dense_forward then runs the GEMM and its pass)."""
+    from threadpoolctl import threadpool_limits
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
+    bias = np.zeros(32, np.float32)
+    out = np.full((8, 32), np.nan, np.float32)
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert not _bias_relu_jit(a, b, bias, out, True)
+    a_long, b_long = np.ones((8, 513), np.float32), np.ones((513, 32), np.float32)
+    assert not _bias_relu_jit(a_long, b_long, bias, out, True)
+    assert not _bias_relu_jit(a.astype(np.float64), b.astype(np.float64), bias.astype(np.float64),
+                              out.astype(np.float64), True)
+    assert not _bias_relu_jit(np.ascontiguousarray(a.T).T, b, bias, out, True)
+    assert np.isnan(out).all()
