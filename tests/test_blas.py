@@ -305,9 +305,11 @@ def test_bias_relu_is_left_to_the_caller_where_the_tile_does_not_take_it():
     out = np.full((8, 32), np.nan, np.float32)
     with threadpool_limits(limits=2, user_api="blas"):
         assert not _bias_relu_jit(a, b, bias, out, True)
-    a_long, b_long = np.ones((8, 513), np.float32), np.ones((513, 32), np.float32)
-    assert not _bias_relu_jit(a_long, b_long, bias, out, True)
-    assert not _bias_relu_jit(a.astype(np.float64), b.astype(np.float64), bias.astype(np.float64),
-                              out.astype(np.float64), True)
-    assert not _bias_relu_jit(np.ascontiguousarray(a.T).T, b, bias, out, True)
-    assert np.isnan(out).all()
+    with threadpool_limits(limits=1, user_api="blas"):  # where the tile would take (8, 16) @ (16, 32)
+        a_long, b_long = np.ones((8, 513), np.float32), np.ones((513, 32), np.float32)
+        assert not _bias_relu_jit(a_long, b_long, bias, out, True)
+        assert not _bias_relu_jit(a.astype(np.float64), b.astype(np.float64), bias.astype(np.float64),
+                                  out.astype(np.float64), True)
+        assert not _bias_relu_jit(np.ascontiguousarray(a.T).T, b, bias, out, True)
+        assert np.isnan(out).all()
+        assert _bias_relu_jit(a, b, bias, out, True) == blas.TILE  # this one it takes where it is bound
