@@ -9,6 +9,8 @@ when that is set, else beside numba's own cache in this package's __pycache__; n
 neither is writable. The file starts with the SHA-256 of the object code and is used only
 if that matches (LLVM is not handed a damaged object).
 
+Also here: `counted_loop`, the one loop construct both kernel modules write their IR with.
+
 What it is not: an IR builder (each kernel module writes its own) or a fallback (a
 caller that catches the exception binds plain Numba loops or another library instead).
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llb
+import llvmlite.ir as ir
 
 _MAGIC = b"cubedqn-llvm-object-1\n"
 
@@ -66,6 +69,39 @@ def _engine_for(tm, obj, symbols):
             raise RuntimeError(f"{name} is not in the object code")
         llb.add_symbol(name, address)
     return engine
+
+
+def counted_loop(b, start, stop, step, name, carried=()):
+    """Opens, at IRBuilder b, `for i = start; i + step <= stop; i += step` (i64; the full
+    steps only: a remainder is left for a following loop, which can start at i, the first
+    value not done). carried: values kept in registers across iterations (SSA phis).
+    Returns (i, phis, close): close(new_values) ends the body and returns the phis, which
+    hold the carried values after the loop."""
+    i64 = ir.IntType(64)
+    pre = b.block
+    head, body, done = (b.append_basic_block(f"{name}.{x}") for x in ("head", "body", "done"))
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(i64, name)
+    i.add_incoming(start, pre)
+    phis = []
+    for k, init in enumerate(carried):
+        ph = b.phi(init.type, f"{name}.c{k}")
+        ph.add_incoming(init, pre)
+        phis.append(ph)
+    b.cbranch(b.icmp_signed("<=", b.add(i, ir.Constant(i64, step)), stop), body, done)
+    b.position_at_end(body)
+
+    def close(values=()):
+        end = b.block
+        i.add_incoming(b.add(i, ir.Constant(i64, step)), end)
+        for ph, v in zip(phis, values):
+            ph.add_incoming(v, end)
+        b.branch(head)
+        b.position_at_end(done)
+        return phis
+
+    return i, phis, close
 
 
 def host_features() -> str:

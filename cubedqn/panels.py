@@ -47,7 +47,7 @@ import llvmlite.binding as llb
 import llvmlite.ir as ir
 from numba import types
 
-from .native import load_or_compile
+from .native import counted_loop, load_or_compile
 
 PANEL = 32          # columns per panel
 LANES = 16          # floats per vector (two 256-bit registers where there is no AVX-512)
@@ -81,33 +81,8 @@ class _Builder:
         return ir.Constant(self.i64, v)
 
     def loop(self, start, stop, step, name, carried=()):
-        """Opens `for i in range(start, stop, step)`; returns (i, phis, close) where
-        close(new_values) ends the body and returns the carried values after the loop."""
-        b = self.b
-        pre = b.block
-        head, body, done = (b.append_basic_block(f"{name}.{x}") for x in ("head", "body", "done"))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(self.i64, name)
-        i.add_incoming(start, pre)
-        phis = []
-        for k, init in enumerate(carried):
-            ph = b.phi(init.type, f"{name}.c{k}")
-            ph.add_incoming(init, pre)
-            phis.append(ph)
-        b.cbranch(b.icmp_signed("<=", b.add(i, self.const(step)), stop), body, done)
-        b.position_at_end(body)
-
-        def close(values=()):
-            end = b.block
-            i.add_incoming(b.add(i, self.const(step)), end)
-            for ph, v in zip(phis, values):
-                ph.add_incoming(v, end)
-            b.branch(head)
-            b.position_at_end(done)
-            return phis
-
-        return i, phis, close
+        """native.counted_loop at this builder: returns (i, phis, close)."""
+        return counted_loop(self.b, start, stop, step, name, carried)
 
     def at(self, ptr, *terms):
         """ptr + sum of terms (i64 values or ints), as a vector pointer."""

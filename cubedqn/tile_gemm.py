@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import host_features, load_or_compile
+from .native import counted_loop, host_features, load_or_compile
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
@@ -142,31 +142,7 @@ def _emit(mod, epilogue):
     n_tiled = b.sub(N, b.srem(N, c64(NR)))
 
     def loop(start, stop, step, name, carried=()):
-        """`for i in range(start, stop - step + 1, step)`: returns (i, carried phis, close)."""
-        pre = b.block
-        head, body, done = (b.append_basic_block(f"{name}.{x}") for x in ("head", "body", "done"))
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(i64, name)
-        i.add_incoming(start, pre)
-        phis = []
-        for n_, init in enumerate(carried):
-            ph = b.phi(init.type, f"{name}.c{n_}")
-            ph.add_incoming(init, pre)
-            phis.append(ph)
-        b.cbranch(b.icmp_signed("<=", b.add(i, c64(step)), stop), body, done)
-        b.position_at_end(body)
-
-        def close(values=()):
-            end = b.block
-            i.add_incoming(b.add(i, c64(step)), end)
-            for ph, v in zip(phis, values):
-                ph.add_incoming(v, end)
-            b.branch(head)
-            b.position_at_end(done)
-            return phis
-
-        return i, phis, close
+        return counted_loop(b, start, stop, step, name, carried)
 
     def vptr(ptr, off):
         return b.bitcast(b.gep(ptr, [off]), vec.as_pointer())
