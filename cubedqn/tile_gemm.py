@@ -10,7 +10,8 @@ tile would not take the product). It computes C = op(A) @ op(B) itself where tha
 other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
 
   taken here  while the library runs on one thread (on two, OpenBLAS splitting a product
-              took 0.5-0.9x the tile's time on most of these): row-major, alpha 1,
+              took 0.52-0.94x the tile's time on 13 of the 17 products that
+              `scripts/bench_tile_gemm.py --library-threads 2` times): row-major, alpha 1,
               beta 0, N >= 8, B as is or transposed (input gradients: delta @ W^T), and
               either A as is with K <= 512 (forward layers: (B, in) @ (in, out)) or A
               transposed with M, K <= 256 (weight gradients at batch <= 256:
@@ -24,7 +25,8 @@ block of op(B)'s panel (at most 256 x 32 floats, 32 KB; a transposed B's 16 x 16
 turned in registers on the way) into a stack buffer, where it stays in L1 (B's rows read
 in place, 1 KB or more apart, evict each other); packing B as is, it prefetches the next
 panel's lines of the same rows (in a training step the weights come from L3: the 64-row
-target forward took 66-67 us in the step against 61 hot, 63-64 with the prefetch). Then
+target forward took 66-67 us in the step against 61 hot, 63-64 with the prefetch, read
+off the fused step's stamps in a one-off script). Then
 for each 8 rows of C it keeps the 8 x 32 tile in 16 zmm accumulators (from zero in the
 first block, from C after it) while it walks the block: per k two loads of the panel
 row, eight broadcasts of A, sixteen FMAs. Rows left over (M mod 8) run the same walk one row at a time. The last N mod 32

@@ -8,7 +8,11 @@ Python between calls); for products the tile leaves to the library ("library" in
 last column) the two columns time the same code. Prints medians in microseconds per
 product, GFLOP/s and the speed-up, and the library's kernel.
 
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_tile_gemm.py
+With --library-threads 2 the library runs on two threads (the tile always runs on one,
+and takes products only while the library does too): what `--threads 2` would get from
+OpenBLAS instead of the tile.
+
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_tile_gemm.py [--library-threads 2]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 
 import numpy as np
 from numba import njit, types
+from threadpoolctl import threadpool_limits
 
 from cubedqn import blas
 from cubedqn.blas import NO_TRANS, ROW_MAJOR, SGEMM_SIG, TRANS
@@ -73,12 +78,16 @@ def time_us(use_tile, args, reps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--library-threads", type=int, default=1, help="BLAS threads for the library column")
     args = ap.parse_args()
+    if args.library_threads < 1:
+        ap.error(f"--library-threads: expected 1 or more, got {args.library_threads}")
     if not blas.TILE:
         sys.exit(f"the tile GEMM is not bound here: {blas.TILE_STATUS}")
     limit_threads(1)
     b = blas_info()
-    print(f"library: {b['library']} {b['version']} ({b['source']}'s) kernel {b['kernel']}; one thread; "
+    print(f"library: {b['library']} {b['version']} ({b['source']}'s) kernel {b['kernel']}, "
+          f"{args.library_threads} thread(s); tile: one thread; "
           f"medians of {args.rounds} alternating rounds, us per product")
     print(f"{'product':<40s} {'M x K x N':>22s} {'library':>9s} {'tile':>9s} {'GFLOP/s':>15s} {'speed-up':>9s}")
     rng = np.random.default_rng(0)
@@ -93,7 +102,8 @@ def main():
         times = [[], []]
         for _ in range(args.rounds):
             for use_tile, (t, out) in enumerate(zip(times, outs)):
-                t.append(time_us(bool(use_tile), (ta, tb, m, n, k, a, a.shape[1], bm, bm.shape[1], out), reps))
+                with threadpool_limits(limits=1 if use_tile else args.library_threads, user_api="blas"):
+                    t.append(time_us(bool(use_tile), (ta, tb, m, n, k, a, a.shape[1], bm, bm.shape[1], out), reps))
         want = (a.T if trans else a).astype(np.float64) @ (bm.T if trans_b else bm).astype(np.float64)
         for out in outs:
             np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
