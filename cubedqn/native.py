@@ -104,6 +104,12 @@ def counted_loop(b, start, stop, step, name, carried=()):
     return i, phis, close
 
 
+def host_cpu_name() -> str:
+    """LLVM's name for this CPU (e.g. "znver4", "sapphirerapids")."""
+    llb.initialize_native_target()
+    return llb.get_host_cpu_name()
+
+
 def host_features() -> str:
     llb.initialize_native_target()
     return llb.get_host_cpu_features().flatten()

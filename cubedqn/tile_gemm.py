@@ -13,12 +13,13 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               took 0.52-0.94x the tile's time on 13 of the 17 products that
               `scripts/bench_tile_gemm.py --library-threads 2` times): row-major, alpha 1,
               beta 0, N >= 8, B as is or transposed (input gradients: delta @ W^T), and
-              either A as is with K <= 512 (forward layers: (B, in) @ (in, out)) or A
-              transposed with M, K <= 256 (weight gradients at batch <= 256:
-              acts^T @ delta).
-  the library everything else: BLAS threads > 1; K > 512 (the 3x3x3's 1024-wide layer:
-              0.92-1.03x there); a transposed A with M > 256 (0.8-1.0x) or K > 256
-              (1.0x); N < 8.
+              either A as is with K <= K_MAX (forward layers: (B, in) @ (in, out);
+              K_MAX is 512, 1024 on Zen 4) or A transposed with M, K <= 256 (weight
+              gradients at batch <= 256: acts^T @ delta).
+  the library everything else: BLAS threads > 1; K > K_MAX (the 3x3x3's 1024-wide
+              layer outside Zen 4: 0.92-1.03x on Sapphire Rapids); a transposed A with
+              M > 256 (0.8-1.0x; its 8 rows are 8 floats of one line lda apart, every k a
+              new line) or K > 256 (1.0x); N < 8.
 
 How: for each 32 columns of C and each block of up to 256 values of k, it copies that
 block of op(B)'s panel (at most 256 x 32 floats, 32 KB; a transposed B's 16 x 16 blocks
@@ -50,7 +51,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import counted_loop, host_features, load_or_compile
+from .native import counted_loop, host_cpu_name, host_features, load_or_compile
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
@@ -61,7 +62,12 @@ THREADS = "cubedqn_blas_threads"  # int (): the library's thread count now (blas
 MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), floats per zmm register
 K_BLOCK = 256               # K in blocks of this: the panel is K_BLOCK x NR floats on the stack (32 KB)
 N_MIN = 8                   # narrower products stay with the library (a vector would be mostly idle)
-K_MAX = 512                 # the longest K taken with A as is (two blocks)
+# the longest K taken with A as is (or B transposed): two blocks, or four on the CPUs listed
+# (by LLVM's name for them) where the tile measured faster than OpenBLAS at K = 1024 too,
+# the 3x3x3 net's 1024 -> 512 layer (Zen 4: 1.02-1.09x, scripts/bench_tile_gemm.py; on the
+# Sapphire Rapids class host of stop 21, 0.92-1.03x: left to the library there)
+K_MAX_BY_CPU = {"znver4": 1024}
+K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512)
 TRANS_A_MAX = 256           # a transposed A is taken up to this many rows of C and this K
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 

@@ -15,6 +15,7 @@ from numba import njit
 
 from cubedqn import blas
 from cubedqn.blas import NO_TRANS, ROW_MAJOR, TRANS, gemm
+from cubedqn.tile_gemm import K_MAX
 
 # operands typed as non-contiguous compile np.dot's copying branch too, which numba warns about
 pytestmark = pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
@@ -173,14 +174,14 @@ def _tile_cases():
     transposed B's 16-row blocks and the rows past them, and the shapes the library keeps."""
     for m in (1, 7, 8, 9, 16, 17, 64, 67):
         for n in (7, 8, 12, 17, 32, 40, 57, 256):  # 7: too narrow; 12, 17, 40, 57: masked tails
-            for k in (1, 5, 256, 257, 512, 513):
+            for k in sorted({1, 5, 256, 257, 512, 513, K_MAX, K_MAX + 1}):
                 yield m, n, k, False, False
     for m, n, k in ((256, 256, 64), (257, 64, 8), (9, 40, 7), (1, 33, 3), (64, 64, 256), (64, 64, 257),
                     (256, 12, 64), (33, 20, 9)):
         yield m, n, k, True, False
     for m in (1, 9, 64):
         for n in (12, 32, 40, 57, 96):
-            for k in (1, 15, 16, 33, 256, 300, 512, 513):
+            for k in sorted({1, 15, 16, 33, 256, 300, 512, 513, K_MAX, K_MAX + 1}):
                 yield m, n, k, False, True
     yield 9, 40, 7, True, True  # both transposed: the library
 
@@ -282,7 +283,7 @@ def _gemm_then_pass(a, b, bias, relu):
 
 
 @needs_tile
-@pytest.mark.parametrize("m,k,n", [(64, 256, 256), (9, 300, 44), (1, 5, 12), (17, 512, 33)])
+@pytest.mark.parametrize("m,k,n", sorted({(64, 256, 256), (9, 300, 44), (1, 5, 12), (17, 512, 33), (17, K_MAX, 33)}))
 @pytest.mark.parametrize("relu", [False, True])
 def test_tile_bias_relu_equals_the_gemm_and_the_pass(m, k, n, relu, one_blas_thread):
     """Bitwise: the bias and ReLU applied in the tile's last stores are the same one add
@@ -306,8 +307,11 @@ def test_bias_relu_is_left_to_the_caller_where_the_tile_does_not_take_it():
     with threadpool_limits(limits=2, user_api="blas"):
         assert not _bias_relu_jit(a, b, bias, out, True)
     with threadpool_limits(limits=1, user_api="blas"):  # where the tile would take (8, 16) @ (16, 32)
-        a_long, b_long = np.ones((8, 513), np.float32), np.ones((513, 32), np.float32)
+        a_long, b_long = np.ones((8, K_MAX + 1), np.float32), np.ones((K_MAX + 1, 32), np.float32)
         assert not _bias_relu_jit(a_long, b_long, bias, out, True)
+        if blas.TILE:  # the longest K it takes (four blocks on Zen 4) it takes
+            assert _bias_relu_jit(np.ones((8, K_MAX), np.float32), np.ones((K_MAX, 32), np.float32), bias,
+                                  np.empty((8, 32), np.float32), True)
         assert not _bias_relu_jit(a.astype(np.float64), b.astype(np.float64), bias.astype(np.float64),
                                   out.astype(np.float64), True)
         assert not _bias_relu_jit(np.ascontiguousarray(a.T).T, b, bias, out, True)
