@@ -4,8 +4,9 @@ What this file is: `profile_training` runs the configured loop past its warm-up
 (compilation and replay fill excluded), then times N gradient steps phase by phase with
 the trainer's own PhaseTimer, and reports ms per gradient step and per part of the
 forward and backward phases, throughput, GFLOP/s of those two phases and of the GEMM
-layers alone next to a single-thread-or-T sgemm peak measured in this process, memory,
-and which BLAS library, kernel and thread count ran.
+layers alone next to a single-thread-or-T sgemm peak measured in this process (and the
+core's FMA ceiling, which no GEMM can pass), memory, and which BLAS library, kernel and
+thread count ran.
 """
 
 from __future__ import annotations
@@ -41,6 +42,82 @@ def peak_gflops(dtype=np.float32, n=1024, reps=5) -> float:
         _gemm(a, b, c)
         best = min(best, time.perf_counter() - t)
     return 2 * n ** 3 / best / 1e9
+
+
+def _fma_ceiling_ir(double, lanes, chains):
+    """IR of `fma_loop(n)`: `chains` independent chains of vector FMAs (lanes wide), n
+    rounds, no memory traffic; returns one lane of their sum (so nothing is dead code)."""
+    import llvmlite.ir as ir
+    from .native import counted_loop
+    fty = ir.DoubleType() if double else ir.FloatType()
+    vec, i64 = ir.VectorType(fty, lanes), ir.IntType(64)
+    mod = ir.Module(name="cubedqn_fma_ceiling")
+    fma = ir.Function(mod, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}{'f64' if double else 'f32'}")
+    fn = ir.Function(mod, ir.FunctionType(fty, [i64]), "cubedqn_fma_loop")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    x, y = ir.Constant(vec, [1.0000001] * lanes), ir.Constant(vec, [1e-7] * lanes)
+    _, accs, close = counted_loop(b, ir.Constant(i64, 0), fn.args[0], 1, "round",
+                                  [ir.Constant(vec, [float(c)] * lanes) for c in range(chains)])
+    close([b.call(fma, [a, x, y]) for a in accs])
+    total = accs[0]
+    for a in accs[1:]:
+        total = b.fadd(total, a)
+    b.ret(b.extract_element(total, ir.Constant(ir.IntType(32), 0)))
+    return str(mod)
+
+
+_FMA_LOOPS = {}  # dtype name -> (engine, loop, lanes, chains)
+
+
+def fma_loop(dtype=np.float32):
+    """(loop, lanes, chains): loop(n) runs n rounds of the FMA chains `_fma_ceiling_ir`
+    writes for this CPU (16 chains of 512-bit vectors with AVX-512, 12 of 256-bit without:
+    enough in flight to cover the FMA latency on both FMA pipes) and returns lane 0 of
+    their sum. Compiled once per process and dtype."""
+    import ctypes
+
+    import llvmlite.binding as llb
+
+    from .native import host_cpu_name, host_features
+    double = np.dtype(dtype) == np.float64
+    key = np.dtype(dtype).name
+    if key not in _FMA_LOOPS:
+        wide = "+avx512f" in host_features().split(",")
+        lanes, chains = (16 if wide else 8) // (2 if double else 1), 16 if wide else 12
+        llb.initialize_native_asmprinter()
+        tm = llb.Target.from_default_triple().create_target_machine(
+            cpu=host_cpu_name(), features=host_features() + (",-prefer-256-bit" if wide else ""), opt=3)
+        mod = llb.parse_assembly(_fma_ceiling_ir(double, lanes, chains))
+        mod.triple = tm.triple
+        engine = llb.create_mcjit_compiler(mod, tm)
+        engine.finalize_object()
+        loop = ctypes.CFUNCTYPE(ctypes.c_double if double else ctypes.c_float, ctypes.c_int64)(
+            engine.get_function_address("cubedqn_fma_loop"))
+        _FMA_LOOPS[key] = (engine, loop, lanes, chains)
+    return _FMA_LOOPS[key][1:]
+
+
+def fma_ceiling_gflops(dtype=np.float32, reps=5, seconds=0.02) -> float:
+    """The most floating-point operations per second one core does here: the best of reps
+    readings (about `seconds` each) of fma_loop, vector FMAs in registers and nothing else.
+    No GEMM can run faster; the sgemm peak says how close the library gets."""
+    loop, lanes, chains = fma_loop(dtype)
+    flops_per_round = 2 * lanes * chains  # a multiply and an add per lane
+    rounds = 1000
+    while True:  # find how many rounds take about `seconds`
+        t = time.perf_counter()
+        loop(rounds)
+        dt = time.perf_counter() - t
+        if dt >= seconds / 4:
+            break
+        rounds *= 4
+    rounds = max(1, int(rounds * seconds / dt))
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        loop(rounds)
+        best = min(best, time.perf_counter() - t)
+    return flops_per_round * rounds / best / 1e9
 
 
 def blas_info() -> dict:
@@ -138,6 +215,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
                       learning_starts=min(cfg.learning_starts, cfg.batch_size * 4))
     dtype = np.float32 if cfg.precision == "float32" else np.float64
     peak_before = peak_gflops(dtype)
+    ceiling_before = fma_ceiling_gflops(dtype) if device == "cpu" else None
     trainer = make_trainer(cfg, device)
     if device == "cuda":  # wait for the GPU at each phase's end, so each phase shows its own time
         trainer.learner.sync_phases = True
@@ -155,6 +233,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     # measured before and after the timed steps: on a shared host one reading can land in a
     # slow second; the higher one is the machine's rate (the one the percentages are against)
     peak = max(peak_before, peak_gflops(dtype))
+    ceiling = max(ceiling_before, fma_ceiling_gflops(dtype)) if device == "cpu" else None
     n = trainer.grad_steps - g0
     phases = {k: v / n * 1e3 for k, v in trainer.timer.total.items()}
     phases["other"] += max(0.0, wall / n * 1e3 - sum(phases.values()))
@@ -176,7 +255,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         "train_steps_per_min": 60e3 / train_ms if train_ms > 0 else None,
         "phases": phases,
         "flops_per_step": fwd + bwd, "gflops": (fwd + bwd) / gemm_s / 1e9 if gemm_s > 0 else None,
-        "peak_gflops": peak,
+        "peak_gflops": peak, "fma_ceiling_gflops": ceiling,
         "phase_parts": parts, **layers, "target_cache_hit_rate": hit_rate,
         "memory_bytes": {"parameters": int(trainer.learner.online.params.nbytes * 2),
                          "gradients": int(trainer.learner.gradient_nbytes),
@@ -224,8 +303,14 @@ def format_report(r: dict) -> str:
         lines.append(f"forward+backward phases: {r['gflops']:.1f} GFLOP/s achieved vs {r['peak_gflops']:.1f} "
                      f"GFLOP/s peak sgemm ({100 * r['gflops'] / r['peak_gflops']:.0f}%)")
     if r.get("gemm_layers_gflops"):
+        ceiling = ""
+        if r.get("fma_ceiling_gflops"):  # one core's; the GEMMs may run on more
+            cores = max(1, int(r.get("blas_threads") or 1))
+            ceiling = (f", {100 * r['gemm_layers_gflops'] / (cores * r['fma_ceiling_gflops']):.0f}% of the "
+                       f"{cores * r['fma_ceiling_gflops']:.1f} GFLOP/s FMA ceiling"
+                       f"{f' of {cores} cores' if cores > 1 else ''}")
         lines.append(f"GEMM layers alone: {r['gemm_layers_gflops']:.1f} GFLOP/s "
-                     f"({100 * r['gemm_layers_gflops'] / r['peak_gflops']:.0f}% of peak) in "
+                     f"({100 * r['gemm_layers_gflops'] / r['peak_gflops']:.0f}% of peak{ceiling}) in "
                      f"{r['gemm_layers_ms']:.4f} ms/step")
     if r.get("target_cache_hit_rate") is not None:
         lines.append(f"target cache: {100 * r['target_cache_hit_rate']:.1f}% of children's values reused "

@@ -11,11 +11,12 @@ part instead of one for the whole step, as CUBEDQN_FUSED=0 does). Prints medians
 to cubedqn, and the BLAS kernel in use.
 
 Then, per shape, the bound the performance issue asks for: the step's GEMMs (their FLOPs
-over the sgemm peak measured in this process, the higher of a reading before and one after
-the shape's timings) against the time each target ratio allows
-(the peer's median over the ratio), as the rate the GEMMs would need to fit in it with
-the rest of cubedqn's step (encode, first layer, loss, optimizer, Python) as it is now,
-and with the rest at zero. The rest: the step timed once more with its own PhaseTimer,
+over the sgemm peak measured in this process, and over the core's FMA ceiling, a loop of
+vector FMAs in registers that no GEMM can outrun; each the higher of a reading before and
+one after the shape's timings) against the time each target ratio allows (the peer's
+median over the ratio), as the rate the GEMMs would need to fit in it with the rest of
+cubedqn's step (encode, first layer, loss, optimizer, Python) as it is now, and with the
+rest at zero; a rate above the ceiling is out of reach. The rest: the step timed once more with its own PhaseTimer,
 minus its GEMM layers (the timer adds a few us). The host's speed changes within a run:
 the medians, the peak and the timed step are different moments, all printed.
 
@@ -261,11 +262,16 @@ def gemm_share_in_step(learner, batch, steps):
 TARGETS = {"cube2": (("jax jit", 2.0), ("pytorch eager", 4.0)), "cube3": (("jax jit", 1.5), ("pytorch eager", 3.0))}
 
 
-def budget_lines(shape, med, g_flops, peak, rest_now, peer_flops):
+def budget_lines(shape, med, g_flops, peak, ceiling, rest_now, peer_flops):
     """For each target: the step time it allows, and the rate the step's GEMMs would need
     to fit in it with the rest of the step as it is now and with the rest at zero, against
-    the sgemm peak."""
+    the sgemm peak and the FMA ceiling (no GEMM runs faster than the latter: a rate above it
+    is out of reach on this core)."""
     out = []
+
+    def of(rate):
+        return f"{rate / peak:.0%} of the peak, {rate / ceiling:.0%} of the ceiling"
+
     for peer, factor in TARGETS[shape]:
         if peer not in med:
             continue
@@ -273,13 +279,15 @@ def budget_lines(shape, med, g_flops, peak, rest_now, peer_flops):
         need_zero = g_flops / allowed / 1e6
         if allowed > rest_now:
             need = g_flops / (allowed - rest_now) / 1e6
-            with_rest = f"{need:.1f} GFLOP/s ({need / peak:.0%} of the peak) with the rest as now, "
+            with_rest = f"{need:.1f} GFLOP/s ({of(need)}) with the rest as now, "
+            if need > ceiling:
+                with_rest += "out of reach with it; "
         else:
             with_rest = "more than any rate with the rest as now (it alone takes longer), "
-        verdict = "; out of reach: above the peak even with the rest at zero" if need_zero > peak else ""
+        verdict = "; out of reach: above the FMA ceiling even with the rest at zero" if need_zero > ceiling else ""
         own = peer_flops / med[peer] / 1e9  # the peer's whole step, its dense first layer included
         out.append(f"target {factor:g}x {peer}: {allowed:.3f} ms/step allowed; the GEMMs would need {with_rest}"
-                   f"{need_zero:.1f} GFLOP/s ({need_zero / peak:.0%}) with the rest at zero{verdict}; "
+                   f"{need_zero:.1f} GFLOP/s ({of(need_zero)}) with the rest at zero{verdict}; "
                    f"the latter is {need_zero / own:.2f}x the rate the peer reached over its own step "
                    f"({own:.1f} GFLOP/s, timed alongside)")
     return out
@@ -333,9 +341,9 @@ def main():
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     print(f"BLAS: {blas_kernel()}; CPUs allowed: {cpus}")
     print(f"CPU: {describe_cpu(cpu_info())}")
-    from cubedqn.profiling import peak_gflops
+    from cubedqn.profiling import fma_ceiling_gflops, peak_gflops
     for shape in args.shapes.split(","):
-        peak_before = peak_gflops()
+        peak_before, ceiling_before = peak_gflops(), fma_ceiling_gflops()
         pname, hidden, bsz = SHAPES[shape]
         puzzle = get_puzzle(pname)
         layout = Layout(puzzle.n_stickers * 6, puzzle.n_stickers, hidden, 12)
@@ -363,20 +371,22 @@ def main():
             print(f"skipped (not installed): {', '.join(skipped)}")
         # read before and after the timings; the host's speed changes within a run, and the
         # higher reading is the machine's rate (a low one would understate the bound)
-        peak = max(peak_before, peak_gflops())
+        peak, ceiling = max(peak_before, peak_gflops()), max(ceiling_before, fma_ceiling_gflops())
         g_s, g_flops = gemm_floor(layout, bsz)
         print(f"the step's GEMMs (layers 1..L-1, {g_flops / 1e6:.1f} MFLOP): {g_s * 1e3:.3f} ms when each is timed "
               f"hot on its own ({g_flops / g_s / 1e9:.1f} GFLOP/s), {g_flops / peak / 1e6:.3f} ms at the "
-              f"{peak:.1f} GFLOP/s sgemm peak (n = 1024; the higher of two readings, before and after this shape)")
+              f"{peak:.1f} GFLOP/s sgemm peak (n = 1024), {g_flops / ceiling / 1e6:.3f} ms at the {ceiling:.1f} GFLOP/s "
+              f"FMA ceiling (vector FMAs in registers alone; each the higher of two readings, before and after "
+              f"this shape)")
         gemm_step, timed = gemm_share_in_step(lr, batch, max(20, args.reps * inner // 4))
         rest = timed - gemm_step
         print(f"cubedqn's step timed again by its own PhaseTimer: {timed:.3f} ms/step, of it the GEMM layers "
               f"{gemm_step:.3f} ms ({g_flops / gemm_step / 1e6:.1f} GFLOP/s) and the rest {rest:.3f} ms")
-        if min(gemm_step, med["cubedqn"] * 1e3) < g_flops / peak / 1e6:
-            print(f"(no bound this time: cubedqn's step or its GEMM layers ran faster than the {peak:.1f} GFLOP/s "
-                  f"peak allows, so the host was slower whenever the peak was read)")
+        if min(gemm_step, med["cubedqn"] * 1e3) < g_flops / ceiling / 1e6:
+            print(f"(no bound this time: cubedqn's step or its GEMM layers ran faster than the {ceiling:.1f} GFLOP/s "
+                  f"FMA ceiling allows, so the host was slower whenever the ceiling was read)")
         else:
-            for line in budget_lines(shape, med, g_flops, peak, rest, flops):
+            for line in budget_lines(shape, med, g_flops, peak, ceiling, rest, flops):
                 print(line)
 
 

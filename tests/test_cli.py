@@ -250,6 +250,7 @@ def test_profile_json_contract():
     text = run(["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--steps", "5",
                 "--warmup", "2"]).output
     assert "GEMM layers alone" in text and "  encode" in text
+    assert d["fma_ceiling_gflops"] > 0 and "GFLOP/s FMA ceiling" in text  # one core's, profiling.fma_loop
     assert d["first_layer"] == "rows" and "first layer: rows" in text  # 16 wide: no panels
     cpu = d["cpu"]  # which machine the numbers came from
     assert cpu["logical_cpus"] >= 1 and cpu["llvm_cpu"] and cpu["model"]
