@@ -27,10 +27,13 @@ turned in registers on the way) into a stack buffer, where it stays in L1 (B's r
 in place, 1 KB or more apart, evict each other); packing B as is, it prefetches the next
 panel's lines of the same rows (in a training step the weights come from L3: the 64-row
 target forward took 66-67 us in the step against 61 hot, 63-64 with the prefetch, read
-off the fused step's stamps in a one-off script). Then
-for each 8 rows of C it keeps the 8 x 32 tile in 16 zmm accumulators (from zero in the
-first block, from C after it) while it walks the block: per k two loads of the panel
-row, eight broadcasts of A, sixteen FMAs. Rows left over (M mod 8) run the same walk one row at a time. The last N mod 32
+off the fused step's stamps in a one-off script). Where K is one block, B is as is and
+M >= 8, there is no separate copy: the first 8 rows read B's rows themselves and store
+them into the panel as they go (Zen 4: 64 x 256 x 256 1.06x, 128 rows 1.01-1.03x).
+Then for each 8 rows of C it keeps the 8 x 32 tile in 16 zmm accumulators (from zero in
+the first block, from C after it) while it walks the block: per k two loads of the panel
+row, eight broadcasts of A, sixteen FMAs. Rows left over (M mod 8) run the same walk one
+row at a time. The last N mod 32
 columns (all of a 12-action head's) are one or two vectors wide, zero-padded in the
 panel and masked in C; one vector wide, 16 rows at a time. OpenBLAS packs both operands
 and blocks for caches: at 64 x 256 x 256 its fixed costs are a quarter of the product
@@ -195,18 +198,82 @@ def _emit(mod, epilogue):
             last = b.icmp_signed("==", kb, b.sub(n_blocks, c64(1)))
             clip = b.and_(last, b.icmp_signed("!=", relu, c64(0)))
             bias_v = [vload(bias, b.add(j0, c64(v * LANES)), masks and masks[v]) for v in range(nvec)]
-        # op(B)[k0:k0+kn, j0:j0+width] -> panel (kn rows NR apart, contiguous; zero past N)
+        def prefetch_next_panel(k):
+            """The next panel's two lines of B's row k0+k, towards L2 while this one computes."""
+            for v in range(nvec):
+                at = b.gep(B, [b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(NR + v * LANES)))])
+                b.call(prefetch, [b.bitcast(at, ir.IntType(8).as_pointer()), c32(0), c32(2), c32(1)])
+
+        def panel_row(k):
+            return [b.load(vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64) for v in range(nvec)]
+
+        def b_row_packed(k):
+            """Row k of this block of B (as is), read from B: stored into the panel for the
+            groups after this one, and the next panel's lines of it prefetched."""
+            row = [vload(B, b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(v * LANES))), None) for v in range(nvec)]
+            for v in range(nvec):
+                b.store(row[v], vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64)
+            prefetch_next_panel(k)
+            return row
+
+        def group(i0, mr, b_row, name):
+            """C rows i0 .. i0+mr-1 of these columns over this K block, op(B)'s row k from b_row(k)."""
+            init = []
+            for r in range(mr):
+                base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
+                for v in range(nvec):
+                    init.append(b.select(first, zero, vload(C, b.add(base, c64(v * LANES)), masks and masks[v])))
+            k, accs, close_k = loop(c64(0), kn, 1, name, init)
+            bv = b_row(k)
+            a_k = b.mul(b.add(k0, k), k_step)
+            new = []
+            for r in range(mr):
+                a = b.load(b.gep(A, [b.add(b.mul(b.add(i0, c64(r)), row_step), a_k)]))
+                av = b.shuffle_vector(b.insert_element(undef, a, lane0), undef, splat)
+                new += [b.call(fma, [av, bv[v], accs[r * nvec + v]]) for v in range(nvec)]
+            sums = close_k(new)
+            for r in range(mr):
+                base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
+                for v in range(nvec):
+                    out = sums[r * nvec + v]
+                    if epilogue:  # as nn.dense_forward's pass: v = sum + b; v if v > 0 else 0
+                        out = b.select(last, b.fadd(out, bias_v[v]), out)
+                        out = b.select(clip, b.select(b.fcmp_ordered(">", out, zero), out, zero), out)
+                    vstore(out, C, b.add(base, c64(v * LANES)), masks and masks[v])
+
+        def rows_from(start, mr, tag=""):
+            """C rows [start, M) mr at a time (fewer left over stay for the next call);
+            returns the first row not done."""
+            i0, _, close_i = loop(start, M, mr, f"i{nvec}.{mr}{tag}")
+            group(i0, mr, panel_row, f"k{nvec}.{mr}{tag}")
+            close_i()
+            return i0
+
+        # op(B)[k0:k0+kn, j0:j0+width] -> panel (kn rows NR apart, contiguous; zero past N).
+        # B as is, full panels, M >= mr and K in one block: the first row group reads B
+        # itself and fills the panel as it goes, its loads overlapping its FMAs (64 x 256 x
+        # 256: 1.06x; with K in blocks, where B comes from L3, the group waited on it and
+        # the copy loop was faster); otherwise the copy loop first.
         pack_t, pack_n, packed = (fn.append_basic_block(f"{x}{nvec}") for x in ("pack.t", "pack.n", "packed"))
-        b.cbranch(b_trans, pack_t, pack_n)
+        if masks is None:
+            fused = fn.append_basic_block(f"pack.fused{nvec}")
+            b.cbranch(b_trans, pack_t, fused)
+            b.position_at_end(fused)
+            fused_go = fn.append_basic_block(f"pack.fused.go{nvec}")
+            b.cbranch(b.and_(b.icmp_signed(">=", M, c64(mr)), b.icmp_signed("<=", K, c64(K_BLOCK))), fused_go, pack_n)
+            b.position_at_end(fused_go)
+            group(c64(0), mr, b_row_packed, f"kf{nvec}.{mr}")
+            rows_from(rows_from(c64(mr), mr, "f"), 1, "f")  # own copies: the other paths' loops stay as they were
+            fused_end = b.block
+        else:
+            b.cbranch(b_trans, pack_t, pack_n)
         b.position_at_end(pack_n)  # B as is: its rows' columns, one after another
         k, _, close_pack = loop(c64(0), kn, 1, f"pack{nvec}")
         for v in range(nvec):
             row = vload(B, b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(v * LANES))), masks and masks[v])
             b.store(row, vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64)
-        if masks is None:  # the next panel's two lines of this row, towards L2 while this one computes
-            for v in range(nvec):
-                at = b.gep(B, [b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(NR + v * LANES)))])
-                b.call(prefetch, [b.bitcast(at, ir.IntType(8).as_pointer()), c32(0), c32(2), c32(1)])
+        if masks is None:
+            prefetch_next_panel(k)
         close_pack()
         b.branch(packed)
         b.position_at_end(pack_t)  # B transposed (N x K)
@@ -235,37 +302,14 @@ def _emit(mod, epilogue):
             close_k1()
         b.branch(packed)
         b.position_at_end(packed)
-
-        def rows_from(start, mr):
-            """C rows [start, M) mr at a time (fewer left over stay for the next call);
-            returns the first row not done."""
-            i0, _, close_i = loop(start, M, mr, f"i{nvec}.{mr}")
-            init = []
-            for r in range(mr):
-                base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
-                for v in range(nvec):
-                    init.append(b.select(first, zero, vload(C, b.add(base, c64(v * LANES)), masks and masks[v])))
-            k, accs, close_k = loop(c64(0), kn, 1, f"k{nvec}.{mr}", init)
-            bv = [b.load(vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64) for v in range(nvec)]
-            a_k = b.mul(b.add(k0, k), k_step)
-            new = []
-            for r in range(mr):
-                a = b.load(b.gep(A, [b.add(b.mul(b.add(i0, c64(r)), row_step), a_k)]))
-                av = b.shuffle_vector(b.insert_element(undef, a, lane0), undef, splat)
-                new += [b.call(fma, [av, bv[v], accs[r * nvec + v]]) for v in range(nvec)]
-            sums = close_k(new)
-            for r in range(mr):
-                base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
-                for v in range(nvec):
-                    out = sums[r * nvec + v]
-                    if epilogue:  # as nn.dense_forward's pass: v = sum + b; v if v > 0 else 0
-                        out = b.select(last, b.fadd(out, bias_v[v]), out)
-                        out = b.select(clip, b.select(b.fcmp_ordered(">", out, zero), out, zero), out)
-                    vstore(out, C, b.add(base, c64(v * LANES)), masks and masks[v])
-            close_i()
-            return i0
-
         rows_from(rows_from(c64(0), mr), 1)
+        if masks is None:
+            block_done = fn.append_basic_block(f"block.done{nvec}")
+            b.branch(block_done)
+            b.position_at_end(fused_end)
+            b.branch(block_done)
+            b.position_at_end(block_done)
+
         close_kb()
 
     j0, _, close_j = loop(c64(0), n_tiled, NR, "j")
