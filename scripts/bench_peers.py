@@ -16,8 +16,8 @@ vector FMAs in registers that no GEMM can outrun; each the higher of a reading b
 one after the shape's timings) against the time each target ratio allows (the peer's
 median over the ratio), as the rate the GEMMs would need to fit in it with the rest of
 cubedqn's step (encode, first layer, loss, optimizer, Python) as it is now, and with the
-rest at zero; a rate above the ceiling is out of reach. The rest: the step timed once more with its own PhaseTimer,
-minus its GEMM layers (the timer adds a few us). The host's speed changes within a run:
+rest at zero; a rate above the ceiling is out of reach. The rest: the step timed once more
+with its own PhaseTimer, minus its GEMM layers (the timer adds a few us). The host's speed changes within a run:
 the medians, the peak and the timed step are different moments, all printed.
 
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_peers.py
