@@ -67,8 +67,9 @@ K_BLOCK = 256               # K in blocks of this: the panel is K_BLOCK x NR flo
 N_MIN = 8                   # narrower products stay with the library (a vector would be mostly idle)
 # the longest K taken with A as is (or B transposed): two blocks, or four on the CPUs listed
 # (by LLVM's name for them) where the tile measured faster than OpenBLAS at K = 1024 too,
-# the 3x3x3 net's 1024 -> 512 layer (Zen 4: 1.02-1.09x, scripts/bench_tile_gemm.py; on the
-# Sapphire Rapids class host of stop 21, 0.92-1.03x: left to the library there)
+# the 3x3x3 net's 1024 -> 512 layer (Zen 4: 1.02-1.09x alone, 1.03-1.06x the whole cube3
+# step; on a Sapphire Rapids-class host 0.92-1.03x, so the library keeps it there; README,
+# Performance)
 K_MAX_BY_CPU = {"znver4": 1024}
 K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512)
 TRANS_A_MAX = 256           # a transposed A is taken up to this many rows of C and this K
@@ -198,6 +199,7 @@ def _emit(mod, epilogue):
             last = b.icmp_signed("==", kb, b.sub(n_blocks, c64(1)))
             clip = b.and_(last, b.icmp_signed("!=", relu, c64(0)))
             bias_v = [vload(bias, b.add(j0, c64(v * LANES)), masks and masks[v]) for v in range(nvec)]
+
         def prefetch_next_panel(k):
             """The next panel's two lines of B's row k0+k, towards L2 while this one computes."""
             for v in range(nvec):
