@@ -46,20 +46,30 @@ class BlasThreadTuner:
     `min_steps` gradient steps. Then it keeps one thread only if that ran at least
     `margin` faster per gradient step (short probes on a noisy host err, and an error is
     cheaper towards the count asked for), and probes again after `interval_seconds` of
-    loop time; the first probe starts at the first gradient step. The trainer reports the
+    loop time, or sooner when the host changes under it: once `check_seconds` of loop time
+    (and `min_steps` gradient steps) ran more than `slowdown` slower per gradient step than
+    the last probe measured the count in use (a second core taken by another process after
+    the probe; on a 2-vCPU Zen 4 host a run kept two BLAS threads on a probe reading them 4%
+    faster, then ran at 1.6x the probe's time for the rest of it, README, Performance). The
+    first probe starts at the first gradient step. The trainer reports the
     time of each env iteration (`spent`) and gradient step (`step_done`), so evaluation,
-    logging and checkpoints are not counted. The choice does not change results: OpenBLAS
-    splits a product's rows and columns between threads, not its sums (a training run
-    switching between one and two threads came out bitwise equal to a one-thread run,
-    tested).
+    logging and checkpoints are not counted. The choice does not change results where every
+    product's K is at most 256: OpenBLAS splits a product's rows and columns between
+    threads, not its sums, and the tile GEMM that takes products on one thread sums as it
+    does there (a training run switching between one and two threads came out bitwise
+    equal to a one-thread run, tested); past K = 256 the two sum K in different orders
+    (tile_gemm.py), so a wider net's last bits depend on the choice.
     """
 
     def __init__(self, threads: int, interval_seconds: float = 30.0, block_seconds: float = 0.1,
-                 min_steps: int = 4, margin: float = 0.05, set_threads=set_blas_threads):
-        if threads < 2 or min_steps < 1 or block_seconds < 0 or interval_seconds < 0:
+                 min_steps: int = 4, margin: float = 0.05, set_threads=set_blas_threads,
+                 check_seconds: float = 2.0, slowdown: float = 0.25):
+        if threads < 2 or min_steps < 1 or block_seconds < 0 or interval_seconds < 0 or check_seconds < 0:
             raise ValueError("the tuner needs threads >= 2, min_steps >= 1 and non-negative times")
         self.threads, self.interval, self.block, self.min_steps = threads, interval_seconds, block_seconds, min_steps
         self.margin, self.set_threads = margin, set_threads
+        self.check, self.slowdown = check_seconds, slowdown
+        self.window = [0.0, 0]          # loop seconds, gradient steps since the last check (outside probes)
         self.schedule = (threads, 1, 1, threads)
         self.current = threads          # the BLAS thread count in use outside probes
         self.phase = -1                 # index into schedule while probing, else -1
@@ -75,12 +85,15 @@ class BlasThreadTuner:
             self.elapsed += seconds
         else:
             self.since += seconds
+            self.window[0] += seconds
 
     def step_done(self, seconds: float):
         """One gradient step took `seconds`; may switch the BLAS thread count."""
         if self.phase < 0:
             self.since += seconds
-            if self.since >= self.interval:
+            self.window[0] += seconds
+            self.window[1] += 1
+            if self.since >= self.interval or self._slowed():
                 self._begin_block(0)
             return
         self.elapsed += seconds
@@ -101,11 +114,21 @@ class BlasThreadTuner:
         self._clear_totals()
         self.probes += 1
 
+    def _slowed(self) -> bool:
+        """Whether the window just ended ran `slowdown` slower per gradient step than the last
+        probe read for the count in use (a window ends after check_seconds and min_steps)."""
+        seconds, steps = self.window
+        if seconds < self.check or steps < self.min_steps:
+            return False
+        self.window = [0.0, 0]
+        return self.last_probe is not None and seconds / steps > (1 + self.slowdown) * self.last_probe[self.current]
+
     def _clear_totals(self):
         self.totals = {self.threads: [0.0, 0], 1: [0.0, 0]}  # seconds, gradient steps per count
 
     def _begin_block(self, phase):
         self.phase, self.steps, self.elapsed = phase, 0, 0.0
+        self.window = [0.0, 0]
         self.set_threads(self.schedule[phase])
 
     def pause(self):
@@ -116,3 +139,4 @@ class BlasThreadTuner:
             self.phase = -1
             self._clear_totals()
         self.since = self.interval
+        self.window = [0.0, 0]

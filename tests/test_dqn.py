@@ -667,6 +667,25 @@ def test_blas_tuner_needs_a_margin_to_leave_the_requested_count_and_pause_restor
         BlasThreadTuner(1)
 
 
+def test_blas_tuner_probes_again_when_the_count_in_use_slows_down():
+    """A second core taken after the probe: the kept count's steps slow past `slowdown`, so
+    it probes again after one check window instead of waiting for the interval; a host
+    that is slower for both counts gets one new probe, and its times are the new baseline."""
+    from cubedqn.threads import BlasThreadTuner
+    tuner = BlasThreadTuner(2, interval_seconds=1000.0, block_seconds=0.0, min_steps=3, check_seconds=1.0,
+                            slowdown=0.25)
+    assert run_tuner(tuner, {1: 1.0, 2: 0.5}, 13) == [2, 1, 1, 2, 2] and tuner.current == 2
+    # the second core gone: two threads now 3x slower, one as before. A window (>= 1 s, >= 3
+    # steps: 3 steps of 2.25 s loop time, against 0.75 probed) ends, then a 12-step probe
+    assert run_tuner(tuner, {1: 1.0, 2: 1.5}, 15) == [2, 1, 1, 2, 1] and tuner.current == 1
+    assert tuner.probes == 2 and tuner.last_probe == {2: 2.25, 1: 1.5}
+    # 20% slower than that probe: under the 25% slowdown, no probe
+    assert run_tuner(tuner, {1: 1.2, 2: 1.8}, 30) == [] and tuner.probes == 2
+    # 50% slower: one probe (one thread still faster), then its times are the baseline
+    assert run_tuner(tuner, {1: 1.5, 2: 2.7}, 15) == [2, 1, 1, 2, 1] and tuner.probes == 3
+    assert run_tuner(tuner, {1: 1.5, 2: 2.7}, 30) == [] and tuner.probes == 3
+
+
 def test_training_with_blas_thread_switches_equals_one_thread_bitwise():
     """Probes switch the BLAS between 2 threads and 1 many times; the run's parameters are
     the same bits as a one-thread run's (OpenBLAS splits rows and columns, not sums), where
