@@ -220,11 +220,25 @@ def _emit(mod, epilogue):
 
         def group(i0, mr, b_row, name):
             """C rows i0 .. i0+mr-1 of these columns over this K block, op(B)'s row k from b_row(k)."""
-            init = []
+            # zero in the first block, C after it: a branch, not a select, so that the first
+            # block's FMAs do not wait on loads of C
+            from_c, start = fn.append_basic_block(f"{name}.fromc"), fn.append_basic_block(f"{name}.start")
+            entry = b.block
+            b.cbranch(first, start, from_c)
+            b.position_at_end(from_c)
+            loaded = []
             for r in range(mr):
                 base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
                 for v in range(nvec):
-                    init.append(b.select(first, zero, vload(C, b.add(base, c64(v * LANES)), masks and masks[v])))
+                    loaded.append(vload(C, b.add(base, c64(v * LANES)), masks and masks[v]))
+            b.branch(start)
+            b.position_at_end(start)
+            init = []
+            for x in loaded:
+                ph = b.phi(vec)
+                ph.add_incoming(zero, entry)
+                ph.add_incoming(x, from_c)
+                init.append(ph)
             k, accs, close_k = loop(c64(0), kn, 1, name, init)
             bv = b_row(k)
             a_k = b.mul(b.add(k0, k), k_step)
