@@ -28,8 +28,8 @@ in place, 1 KB or more apart, evict each other); packing B as is, it prefetches 
 panel's lines of the same rows (in a training step the weights come from L3: the 64-row
 target forward took 66-67 us in the step against 61 hot, 63-64 with the prefetch, read
 off the fused step's stamps in a one-off script). Where K is one block, B is as is and
-M >= 8, there is no separate copy: the first 8 rows read B's rows themselves and store
-them into the panel as they go (Zen 4: 64 x 256 x 256 1.06x, 128 rows 1.01-1.03x).
+M >= 8, a full 32-column panel has no separate copy: the first 8 rows read B's rows
+themselves and store them into the panel as they go (Zen 4: 64 x 256 x 256 1.06x, 128 rows 1.01-1.03x).
 Then for each 8 rows of C it keeps the 8 x 32 tile in 16 zmm accumulators (from zero in
 the first block, from C after it) while it walks the block: per k two loads of the panel
 row, eight broadcasts of A, sixteen FMAs. Rows left over (M mod 8) run the same walk one
