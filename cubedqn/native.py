@@ -115,6 +115,10 @@ def host_features() -> str:
     return llb.get_host_cpu_features().flatten()
 
 
+def host_has_avx512() -> bool:
+    return "+avx512f" in host_features().split(",")
+
+
 def load_or_compile(stem, source_file, build_ir, symbols, extra_features=""):
     """(engine, "cache" or "compiled"): the object code of build_ir() for this CPU, from
     the cache file when one matches, else compiled now (and written to the cache). The

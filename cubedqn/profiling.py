@@ -44,16 +44,17 @@ def peak_gflops(dtype=np.float32, n=1024, reps=5) -> float:
     return 2 * n ** 3 / best / 1e9
 
 
-def _fma_ceiling_ir(double, lanes, chains):
-    """IR of `fma_loop(n)`: `chains` independent chains of vector FMAs (lanes wide), n
-    rounds, no memory traffic; returns one lane of their sum (so nothing is dead code)."""
+def _fma_ceiling_ir(double, lanes, chains, name):
+    """IR of `fma_loop(n)` as function `name`: `chains` independent chains of vector FMAs
+    (lanes wide), n rounds, no memory traffic; returns one lane of their sum (so nothing is
+    dead code)."""
     import llvmlite.ir as ir
     from .native import counted_loop
     fty = ir.DoubleType() if double else ir.FloatType()
     vec, i64 = ir.VectorType(fty, lanes), ir.IntType(64)
     mod = ir.Module(name="cubedqn_fma_ceiling")
     fma = ir.Function(mod, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}{'f64' if double else 'f32'}")
-    fn = ir.Function(mod, ir.FunctionType(fty, [i64]), "cubedqn_fma_loop")
+    fn = ir.Function(mod, ir.FunctionType(fty, [i64]), name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     x, y = ir.Constant(vec, [1.0000001] * lanes), ir.Constant(vec, [1e-7] * lanes)
     _, accs, close = counted_loop(b, ir.Constant(i64, 0), fn.args[0], 1, "round",
@@ -73,26 +74,21 @@ def fma_loop(dtype=np.float32):
     """(loop, lanes, chains): loop(n) runs n rounds of the FMA chains `_fma_ceiling_ir`
     writes for this CPU (16 chains of 512-bit vectors with AVX-512, 12 of 256-bit without:
     enough in flight to cover the FMA latency on both FMA pipes) and returns lane 0 of
-    their sum. Compiled once per process and dtype."""
+    their sum. Built once per process and dtype (its object code cached like the kernels')."""
     import ctypes
 
-    import llvmlite.binding as llb
-
-    from .native import host_cpu_name, host_features
+    from .native import host_has_avx512, load_or_compile
     double = np.dtype(dtype) == np.float64
     key = np.dtype(dtype).name
     if key not in _FMA_LOOPS:
-        wide = "+avx512f" in host_features().split(",")
+        wide = host_has_avx512()
         lanes, chains = (16 if wide else 8) // (2 if double else 1), 16 if wide else 12
-        llb.initialize_native_asmprinter()
-        tm = llb.Target.from_default_triple().create_target_machine(
-            cpu=host_cpu_name(), features=host_features() + (",-prefer-256-bit" if wide else ""), opt=3)
-        mod = llb.parse_assembly(_fma_ceiling_ir(double, lanes, chains))
-        mod.triple = tm.triple
-        engine = llb.create_mcjit_compiler(mod, tm)
-        engine.finalize_object()
+        name = f"cubedqn_fma_loop_{key}"
+        engine, _ = load_or_compile(f"fma-ceiling-{key}", __file__,
+                                    lambda: _fma_ceiling_ir(double, lanes, chains, name), (name,),
+                                    ",-prefer-256-bit" if wide else "")
         loop = ctypes.CFUNCTYPE(ctypes.c_double if double else ctypes.c_float, ctypes.c_int64)(
-            engine.get_function_address("cubedqn_fma_loop"))
+            engine.get_function_address(name))
         _FMA_LOOPS[key] = (engine, loop, lanes, chains)
     return _FMA_LOOPS[key][1:]
 

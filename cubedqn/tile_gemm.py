@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import counted_loop, host_cpu_name, host_features, load_or_compile
+from .native import counted_loop, host_cpu_name, host_has_avx512, load_or_compile
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
@@ -377,7 +377,7 @@ def _transpose(b, rows):
 def compile_tile():
     """(engine, "cache" or "compiled") with TILE bound; LIBRARY and THREADS must be bound before.
     Raises where the CPU has no AVX-512 or LLVM cannot compile the IR."""
-    if "+avx512f" not in host_features().split(","):
+    if not host_has_avx512():
         raise RuntimeError("needs AVX-512 (16 accumulators of 32 floats)")
     # LLVM's default for these CPUs is 256-bit vectors; the tile is written for 512
     return load_or_compile("tile-gemm", __file__, module_ir, (TILE, TILE_BIAS), ",-prefer-256-bit")
