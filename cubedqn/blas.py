@@ -263,6 +263,13 @@ _GET_THREADS = ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64
 _KEEP = []  # native callbacks bound as symbols stay alive here
 
 
+def is_scipy_blas(info) -> bool:
+    """Whether a threadpoolctl entry is scipy's BLAS: its copy lives under scipy.libs/
+    (wheels) or scipy/; numpy's is also named libscipy_openblas64_*, so the file name alone
+    does not tell them apart."""
+    return bool({"scipy.libs", "scipy"} & set(Path(info.get("filepath", "")).parts))
+
+
 def _threads_query():
     """Address of the bound library's `openblas_get_num_threads`, read by the tile at every
     call (it leaves products to a library running on several threads). numba's np.dot (the
@@ -272,8 +279,7 @@ def _threads_query():
         paths = [BACKEND_INFO["filepath"]]
     else:
         import scipy.linalg.cython_blas  # noqa: F401  (loads scipy's OpenBLAS)
-        paths = [i["filepath"] for i in threadpool_info() if i.get("internal_api") == "openblas"
-                 and {"scipy.libs", "scipy"} & set(Path(i.get("filepath", "")).parts)]
+        paths = [i["filepath"] for i in threadpool_info() if i.get("internal_api") == "openblas" and is_scipy_blas(i)]
     for path in paths:
         try:
             lib = ctypes.CDLL(path)

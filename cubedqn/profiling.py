@@ -135,10 +135,7 @@ def blas_info() -> dict:
     if blas.BACKEND == "numpy":  # the library blas.py bound (read again: threads may have changed)
         pick = next((i for i in infos if i.get("filepath") == blas.BACKEND_INFO["filepath"]), blas.BACKEND_INFO)
     else:
-        # scipy's copy lives under scipy.libs/ (wheels) or scipy/; numpy's is also named
-        # libscipy_openblas64_*, so the file name alone does not tell them apart
-        pick = next((i for i in infos if {"scipy.libs", "scipy"} & set(Path(i.get("filepath", "")).parts)),
-                    infos[0] if infos else {})
+        pick = next((i for i in infos if blas.is_scipy_blas(i)), infos[0] if infos else {})
     return {"library": pick.get("internal_api", "unknown"), "version": pick.get("version"),
             "kernel": pick.get("architecture"), "threads": pick.get("num_threads"), "source": blas.BACKEND,
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
