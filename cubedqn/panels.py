@@ -27,6 +27,15 @@ sticker: 1.10-1.21x slower at the 2x2x2's shape, 1.66-1.73x at the 3x3x3's, one-
 prototype timings alternating in one process, not kept.) Every dW element is written,
 zeros included (as sparse_backward writes all of dW).
 
+Where a call is big (FAR_FLOATS: the 3x3x3's 324 x 1024 layer at a batch of 256), its
+data is not in L2 when a training step gets to it: W1 and dout were last touched a step
+or a forward ago, and the output rows are 4 KB apart, a new page each, which the hardware
+prefetchers do not follow. Such calls run a copy of both kernels (`*_far`) that prefetches
+the next panel's lines while it copies this one and, for writing, the output (dW) lines
+of the row AHEAD rows on. In a cube3 step (Zen 4) the target gather went 616-722 -> 467-476
+us, the online one 1,088-1,360 -> 851-889 and the scatter 624-717 -> 435-480; hot in L2
+the hints cost the small calls 5-10%, so those keep the plain loops.
+
 Summation order per output element: bias, then the stickers in index order, one add
 each: a row's result does not depend on the other rows of the batch (the target cache
 relies on that), and equals a plain sequential float32 sum. The scatter's: zero, then
@@ -52,6 +61,12 @@ from .native import counted_loop, load_or_compile
 PANEL = 32          # columns per panel
 LANES = 16          # floats per vector (two 256-bit registers where there is no AVX-512)
 ROWS = 2            # batch rows summed at once
+# Calls whose (W1 rows + batch rows) x columns reach this many floats (512 KB, half an L2)
+# prefetch ahead: in a training step their W1, dout and output lines come from memory,
+# not L2 (see the docstring); smaller calls run the same loops without the hints, which
+# cost more than they save where the data is in L2.
+FAR_FLOATS = 1 << 17
+AHEAD = 8           # rows ahead of the one being written whose lines are prefetched
 GATHER, SCATTER = "cubedqn_panel_gather", "cubedqn_panel_scatter_by_row"
 
 _f32p, _i32p, _i64 = types.CPointer(types.float32), types.CPointer(types.int32), types.int64
@@ -99,13 +114,62 @@ class _Builder:
         self.b.store(v, self.at(ptr, *terms), align=4)
 
 
-def _copy_panel(B, src, ld_src, dst, ld_dst, n_in, c_src, c_dst):
-    """dst[r*ld_dst + c_dst + j] = src[r*ld_src + c_src + j] for r < n_in, j < PANEL."""
+    def prefetch(self, ptr, for_write, *terms):
+        """A hint to bring the line at ptr + sum of terms into the cache (for writing: into
+        this core's L1, owned; for reading: into L2). Never faults, whatever the address."""
+        mod, i32 = self.b.module, ir.IntType(32)
+        i8p = ir.IntType(8).as_pointer()
+        fn = mod.globals.get("llvm.prefetch.p0i8") or ir.Function(
+            mod, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), name="llvm.prefetch.p0i8")
+        at = self.b.bitcast(self.at(ptr, *terms), i8p)
+        self.b.call(fn, [at, ir.Constant(i32, int(for_write)), ir.Constant(i32, 3 if for_write else 2),
+                         ir.Constant(i32, 1)])
+
+    def prefetch_row_ahead(self, ptr, row, last, ld, col):
+        """Prefetch for writing the panel's lines of row min(row + AHEAD, last)."""
+        b = self.b
+        ahead = b.add(row, self.const(AHEAD))
+        ahead = b.select(b.icmp_signed("<", ahead, last), ahead, last)
+        for v in range(PANEL // LANES):
+            self.prefetch(ptr, True, b.mul(ahead, ld), col, v * LANES)
+
+
+def _copy_panel(B, src, ld_src, dst, ld_dst, n_in, c_src, c_dst, next_panel=None):
+    """dst[r*ld_dst + c_dst + j] = src[r*ld_src + c_src + j] for r < n_in, j < PANEL; with
+    next_panel (a column), the lines of src's rows at that column are prefetched too."""
     b = B.b
     r, _, close = B.loop(B.const(0), n_in, 1, "copy")
     for v in range(PANEL // LANES):
         B.vstore(B.vload(src, b.mul(r, ld_src), c_src, v * LANES), dst, b.mul(r, ld_dst), c_dst, v * LANES)
+        if next_panel is not None:
+            B.prefetch(src, False, b.mul(r, ld_src), next_panel, v * LANES)
     close()
+
+
+def _far_or_near(B, fn, far, far_fn, n_in, n, hp, emit):
+    """The body of fn, the near or the far variant (emit() writes its panel loop): the
+    far variant prefetches ahead, for calls whose rows are many enough that their data
+    comes from memory rather than L2 (FAR_FLOATS); the near one, the entry point, hands
+    those calls to far_fn (its own function, so that the near loops' code is as it was:
+    sharing one function moved them and cost the small scatter ~10%)."""
+    b = B.b
+    if not far:
+        go_far, near_bb = fn.append_basic_block("go.far"), fn.append_basic_block("near")
+        b.cbranch(b.icmp_signed(">=", b.mul(b.add(n_in, n), hp), B.const(FAR_FLOATS)), go_far, near_bb)
+        b.position_at_end(go_far)
+        b.ret(b.call(far_fn, fn.args))
+        b.position_at_end(near_bb)
+    else:
+        fn.linkage = "internal"
+    emit()
+    b.ret(hp)
+
+
+def _next_column(B, c, hp):
+    """The next panel's first column, or c itself for the last panel."""
+    b = B.b
+    nxt = b.add(c, B.const(PANEL))
+    return b.select(b.icmp_signed("<", nxt, hp), nxt, c)
 
 
 def _return_unless_width(B, fn, width):
@@ -117,11 +181,11 @@ def _return_unless_width(B, fn, width):
     B.b.position_at_end(ok)
 
 
-def _build_gather(mod):
+def _build_gather(mod, far=False, far_fn=None):
     f32p, i32p = ir.FloatType().as_pointer(), ir.IntType(32).as_pointer()
     i64 = ir.IntType(64)
     fn = ir.Function(mod, ir.FunctionType(i64, [f32p, i64, f32p, i64, i32p, i64, i64, i64, i64, f32p,
-                                                i64, f32p, i64, i64]), name=GATHER)
+                                                i64, f32p, i64, i64]), name=GATHER + "_far" * far)
     out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in, width = fn.args
     for p in (out, W, idx, bias, panel):
         p.add_attribute("noalias")
@@ -130,40 +194,48 @@ def _build_gather(mod):
     _return_unless_width(B, fn, width)
     zero = ir.Constant(B.vec, [0.0] * LANES)
     relu_on = b.icmp_signed("!=", relu, B.const(0))
-    c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
-    _copy_panel(B, W, ldw, panel, B.const(PANEL), n_in, c, 0)
-    init = [B.vload(bias, c, v * LANES) for v in range(nv)]
+    last_row = b.sub(n, B.const(1))
 
-    def rows_from(start, rp):
-        """Batch rows [start, n) rp at a time (rows left over stay for the next call);
-        returns the row after the last one done."""
-        i, _, close_i = B.loop(start, n, rp, f"i{rp}")
-        k, accs, close_k = B.loop(B.const(0), s, 1, f"k{rp}", init * rp)
-        new = []
-        for r in range(rp):
-            row = b.sext(b.load(b.gep(idx, [b.add(b.mul(b.add(i, B.const(r)), lds), k)])), i64)
-            base = b.mul(row, B.const(PANEL))
-            new += [b.fadd(accs[r * nv + v], B.vload(panel, base, v * LANES)) for v in range(nv)]
-        sums = close_k(new)
-        for r in range(rp):
-            obase = b.mul(b.add(i, B.const(r)), ldo)
-            for v in range(nv):
-                a = sums[r * nv + v]
-                clipped = b.select(b.fcmp_ordered("<", a, zero), zero, a)
-                B.vstore(b.select(relu_on, clipped, a), out, obase, c, v * LANES)
-        close_i()
-        return i
+    def emit():
+        c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
+        _copy_panel(B, W, ldw, panel, B.const(PANEL), n_in, c, 0, _next_column(B, c, hp) if far else None)
+        init = [B.vload(bias, c, v * LANES) for v in range(nv)]
 
-    rows_from(rows_from(B.const(0), ROWS), 1)
-    close_c()
-    b.ret(hp)
+        def rows_from(start, rp):
+            """Batch rows [start, n) rp at a time (rows left over stay for the next call);
+            returns the row after the last one done."""
+            i, _, close_i = B.loop(start, n, rp, f"i{rp}")
+            if far:  # the output rows a few iterations on: their lines are owned by the time they are stored
+                for r in range(rp):
+                    B.prefetch_row_ahead(out, b.add(i, B.const(r)), last_row, ldo, c)
+            k, accs, close_k = B.loop(B.const(0), s, 1, f"k{rp}", init * rp)
+            new = []
+            for r in range(rp):
+                row = b.sext(b.load(b.gep(idx, [b.add(b.mul(b.add(i, B.const(r)), lds), k)])), i64)
+                base = b.mul(row, B.const(PANEL))
+                new += [b.fadd(accs[r * nv + v], B.vload(panel, base, v * LANES)) for v in range(nv)]
+            sums = close_k(new)
+            for r in range(rp):
+                obase = b.mul(b.add(i, B.const(r)), ldo)
+                for v in range(nv):
+                    a = sums[r * nv + v]
+                    clipped = b.select(b.fcmp_ordered("<", a, zero), zero, a)
+                    B.vstore(b.select(relu_on, clipped, a), out, obase, c, v * LANES)
+            close_i()
+            return i
+
+        rows_from(rows_from(B.const(0), ROWS), 1)
+        close_c()
+
+    _far_or_near(B, fn, far, far_fn, n_in, n, hp, emit)
+    return fn
 
 
-def _build_scatter(mod):
+def _build_scatter(mod, far=False, far_fn=None):
     f32p, i32p = ir.FloatType().as_pointer(), ir.IntType(32).as_pointer()
     i64 = ir.IntType(64)
     fn = ir.Function(mod, ir.FunctionType(i64, [f32p, i64, f32p, i64, i32p, i32p, i64, i64, f32p, f32p, i64,
-                                                i64]), name=SCATTER)
+                                                i64]), name=SCATTER + "_far" * far)
     dout, ldd, dW, ldw, order, starts, n, hp, db, panel, n_in, width = fn.args
     for p in (dout, dW, order, starts, db, panel):
         p.add_attribute("noalias")
@@ -180,41 +252,50 @@ def _build_scatter(mod):
         base = b.mul(at(order, e), B.const(PANEL))
         return [b.fadd(accs[v], B.vload(panel, base, v * LANES)) for v in range(nv)]
 
-    def store(sums, r):
-        for v in range(nv):
-            B.vstore(sums[v], dW, b.mul(r, ldw), c, v * LANES)
+    last_row = b.sub(n_in, B.const(1))
 
-    c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
-    _copy_panel(B, dout, ldd, panel, B.const(PANEL), n, c, 0)
-    i, dbs, close_i = B.loop(B.const(0), n, 1, "i", [zero] * nv)
-    sums = close_i([b.fadd(dbs[v], B.vload(panel, b.mul(i, B.const(PANEL)), v * LANES)) for v in range(nv)])
-    for v in range(nv):
-        B.vstore(sums[v], db, c, v * LANES)
-    # W1 rows two at a time (four chains of adds in flight), each summing its own list in order
-    r, _, close_r = B.loop(B.const(0), n_in, 2, "r2")
-    r1 = b.add(r, B.const(1))
-    lo0, lo1, hi1 = at(starts, r), at(starts, r1), at(starts, b.add(r, B.const(2)))
-    n0, n1 = b.sub(lo1, lo0), b.sub(hi1, lo1)
-    both = b.select(b.icmp_signed("<", n0, n1), n0, n1)
-    e, accs, close_e = B.loop(B.const(0), both, 1, "both", [zero] * (2 * nv))
-    accs = close_e(add_listed(accs[:nv], b.add(lo0, e)) + add_listed(accs[nv:], b.add(lo1, e)))
-    e, acc0, close_e = B.loop(both, n0, 1, "rest0", accs[:nv])
-    store(close_e(add_listed(acc0, b.add(lo0, e))), r)
-    e, acc1, close_e = B.loop(both, n1, 1, "rest1", accs[nv:])
-    store(close_e(add_listed(acc1, b.add(lo1, e))), r1)
-    close_r()
-    r, _, close_r = B.loop(b.mul(b.sdiv(n_in, B.const(2)), B.const(2)), n_in, 1, "last")  # n_in odd
-    e, acc, close_e = B.loop(at(starts, r), at(starts, b.add(r, B.const(1))), 1, "e", [zero] * nv)
-    store(close_e(add_listed(acc, e)), r)
-    close_r()
-    close_c()
-    b.ret(hp)
+    def emit():
+        c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
+        _copy_panel(B, dout, ldd, panel, B.const(PANEL), n, c, 0, _next_column(B, c, hp) if far else None)
+        i, dbs, close_i = B.loop(B.const(0), n, 1, "i", [zero] * nv)
+        sums = close_i([b.fadd(dbs[v], B.vload(panel, b.mul(i, B.const(PANEL)), v * LANES)) for v in range(nv)])
+        for v in range(nv):
+            B.vstore(sums[v], db, c, v * LANES)
+
+        def store(sums, r):
+            for v in range(nv):
+                B.vstore(sums[v], dW, b.mul(r, ldw), c, v * LANES)
+
+        # W1 rows two at a time (four chains of adds in flight), each summing its own list in order
+        r, _, close_r = B.loop(B.const(0), n_in, 2, "r2")
+        r1 = b.add(r, B.const(1))
+        if far:
+            for rr in (r, r1):
+                B.prefetch_row_ahead(dW, rr, last_row, ldw, c)
+        lo0, lo1, hi1 = at(starts, r), at(starts, r1), at(starts, b.add(r, B.const(2)))
+        n0, n1 = b.sub(lo1, lo0), b.sub(hi1, lo1)
+        both = b.select(b.icmp_signed("<", n0, n1), n0, n1)
+        e, accs, close_e = B.loop(B.const(0), both, 1, "both", [zero] * (2 * nv))
+        accs = close_e(add_listed(accs[:nv], b.add(lo0, e)) + add_listed(accs[nv:], b.add(lo1, e)))
+        e, acc0, close_e = B.loop(both, n0, 1, "rest0", accs[:nv])
+        store(close_e(add_listed(acc0, b.add(lo0, e))), r)
+        e, acc1, close_e = B.loop(both, n1, 1, "rest1", accs[nv:])
+        store(close_e(add_listed(acc1, b.add(lo1, e))), r1)
+        close_r()
+        r, _, close_r = B.loop(b.mul(b.sdiv(n_in, B.const(2)), B.const(2)), n_in, 1, "last")  # n_in odd
+        e, acc, close_e = B.loop(at(starts, r), at(starts, b.add(r, B.const(1))), 1, "e", [zero] * nv)
+        store(close_e(add_listed(acc, e)), r)
+        close_r()
+        close_c()
+
+    _far_or_near(B, fn, far, far_fn, n_in, n, hp, emit)
+    return fn
 
 
 def module_ir() -> str:
     mod = ir.Module(name="cubedqn_panels")
-    _build_gather(mod)
-    _build_scatter(mod)
+    _build_gather(mod, False, _build_gather(mod, True))
+    _build_scatter(mod, False, _build_scatter(mod, True))
     return str(mod)
 
 

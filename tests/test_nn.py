@@ -348,6 +348,27 @@ def test_panel_kernels_equal_sequential_float32_sums_bitwise(n_in, s, h, rows, r
     np.testing.assert_allclose(out, np.maximum(want, 0) if relu else want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_in,s,h,rows", [(324, 54, 1024, 256), (324, 54, 1000, 75), (144, 24, 256, 512)])
+def test_panel_kernels_prefetching_variant_equals_sequential_sums_bitwise(n_in, s, h, rows):
+    """Calls big enough to come from memory run the variant that prefetches W1's next panel
+    and the rows ahead of the one it writes (clamped to the last row: odd counts, the last
+    rows of the call); the sums are the same sequential float32 sums."""
+    from cubedqn import panels
+    from cubedqn.nn import panel_scratch_size, sparse_backward_panels, sparse_forward_panels
+    assert (n_in + rows) * (h // panels.PANEL * panels.PANEL) >= panels.FAR_FLOATS  # the far variant runs
+    W, b, idx, dout = first_layer_case(n_in + h + rows, n_in, s, h, rows)
+    panel = np.zeros(panel_scratch_size(n_in, rows, s), np.float32)
+    out = np.full((rows, h), np.nan, np.float32)
+    sparse_forward_panels(idx, W, b, out, True, panel)
+    np.testing.assert_array_equal(out, sequential_gather(idx, W, b, True))
+    dW = np.full((n_in, h), np.nan, np.float32)
+    db = np.full(h, np.nan, np.float32)
+    sparse_backward_panels(idx, dout, dW, db, panel)
+    dW_ref, db_ref = sequential_scatter(idx, dout, n_in)
+    np.testing.assert_array_equal(dW, dW_ref)
+    np.testing.assert_array_equal(db, db_ref)
+
+
 def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     """Row slices of wider arrays (row stride > width) give the same sums; where panels
     cover nothing (a too-small scratch, float64, fewer than PANEL columns) the result is
