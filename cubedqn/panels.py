@@ -33,8 +33,9 @@ or a forward ago, and the output rows are 4 KB apart, a new page each, which the
 prefetchers do not follow. Such calls run a copy of both kernels (`*_far`) that prefetches
 the next panel's lines while it copies this one and, for writing, the output (dW) lines
 of the row AHEAD rows on. In a cube3 step (Zen 4) the target gather went 616-722 -> 467-476
-us, the online one 1,088-1,360 -> 851-889 and the scatter 624-717 -> 435-480; hot in L2
-the hints cost the small calls 5-10%, so those keep the plain loops.
+us, the online one 1,088-1,360 -> 851-889 and the scatter 624-717 -> 435-480. Small calls
+keep the plain loops: hot in L2 the hints cost the 2x2x2's 64- and 128-row scatter 10%
+(the gather 1-3%) and gained nothing in its step.
 
 Summation order per output element: bias, then the stickers in index order, one add
 each: a row's result does not depend on the other rows of the batch (the target cache
