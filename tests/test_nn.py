@@ -323,13 +323,9 @@ def first_layer_case(seed, n_in, s, h, rows):
     return W, b, idx, dout
 
 
-@pytest.mark.parametrize("n_in,s,h,rows", [(144, 24, 256, 64), (144, 24, 256, 37), (324, 54, 96, 20),
-                                           (30, 5, 80, 7), (12, 2, 32, 1)])
-@pytest.mark.parametrize("relu", [True, False])
-def test_panel_kernels_equal_sequential_float32_sums_bitwise(n_in, s, h, rows, relu):
-    """Odd row counts (the two-rows-at-once tail), widths that are not a multiple of the
-    panel (the columns left to nn.py), one panel; results are the plain sequential
-    float32 sums exactly, and every output element is written."""
+def check_panel_kernels_against_sequential_sums(n_in, s, h, rows, relu):
+    """Both panel kernels on a first_layer_case: the plain sequential float32 sums exactly,
+    every output element written. Returns (W, b, idx, out)."""
     from cubedqn.nn import panel_scratch_size, sparse_backward_panels, sparse_forward_panels
     W, b, idx, dout = first_layer_case(n_in + h + rows, n_in, s, h, rows)
     panel = np.zeros(panel_scratch_size(n_in, rows, s), np.float32)
@@ -342,6 +338,17 @@ def test_panel_kernels_equal_sequential_float32_sums_bitwise(n_in, s, h, rows, r
     dW_ref, db_ref = sequential_scatter(idx, dout, n_in)
     np.testing.assert_array_equal(dW, dW_ref)
     np.testing.assert_array_equal(db, db_ref)
+    return W, b, idx, out
+
+
+@pytest.mark.parametrize("n_in,s,h,rows", [(144, 24, 256, 64), (144, 24, 256, 37), (324, 54, 96, 20),
+                                           (30, 5, 80, 7), (12, 2, 32, 1)])
+@pytest.mark.parametrize("relu", [True, False])
+def test_panel_kernels_equal_sequential_float32_sums_bitwise(n_in, s, h, rows, relu):
+    """Odd row counts (the two-rows-at-once tail), widths that are not a multiple of the
+    panel (the columns left to nn.py), one panel; results are the plain sequential
+    float32 sums exactly, and every output element is written."""
+    W, b, idx, out = check_panel_kernels_against_sequential_sums(n_in, s, h, rows, relu)
     # and against float64 sums, the row kernels' reference
     W64 = W.astype(np.float64)
     want = b + W64[idx].sum(1)
@@ -354,19 +361,8 @@ def test_panel_kernels_prefetching_variant_equals_sequential_sums_bitwise(n_in, 
     and the rows ahead of the one it writes (clamped to the last row: odd counts, the last
     rows of the call); the sums are the same sequential float32 sums."""
     from cubedqn import panels
-    from cubedqn.nn import panel_scratch_size, sparse_backward_panels, sparse_forward_panels
     assert (n_in + rows) * (h // panels.PANEL * panels.PANEL) >= panels.FAR_FLOATS  # the far variant runs
-    W, b, idx, dout = first_layer_case(n_in + h + rows, n_in, s, h, rows)
-    panel = np.zeros(panel_scratch_size(n_in, rows, s), np.float32)
-    out = np.full((rows, h), np.nan, np.float32)
-    sparse_forward_panels(idx, W, b, out, True, panel)
-    np.testing.assert_array_equal(out, sequential_gather(idx, W, b, True))
-    dW = np.full((n_in, h), np.nan, np.float32)
-    db = np.full(h, np.nan, np.float32)
-    sparse_backward_panels(idx, dout, dW, db, panel)
-    dW_ref, db_ref = sequential_scatter(idx, dout, n_in)
-    np.testing.assert_array_equal(dW, dW_ref)
-    np.testing.assert_array_equal(db, db_ref)
+    check_panel_kernels_against_sequential_sums(n_in, s, h, rows, True)
 
 
 def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
