@@ -126,9 +126,10 @@ class _Builder:
         self.b.call(fn, [at, ir.Constant(i32, int(for_write)), ir.Constant(i32, 3 if for_write else 2),
                          ir.Constant(i32, 1)])
 
-    def prefetch_row_ahead(self, ptr, row, last, ld, col):
-        """Prefetch for writing the panel's lines of row min(row + AHEAD, last)."""
+    def prefetch_row_ahead(self, ptr, row, rows, ld, col):
+        """Prefetch for writing the panel's lines of row min(row + AHEAD, rows - 1)."""
         b = self.b
+        last = b.sub(rows, self.const(1))
         ahead = b.add(row, self.const(AHEAD))
         ahead = b.select(b.icmp_signed("<", ahead, last), ahead, last)
         for v in range(PANEL // LANES):
@@ -195,7 +196,6 @@ def _build_gather(mod, far=False, far_fn=None):
     _return_unless_width(B, fn, width)
     zero = ir.Constant(B.vec, [0.0] * LANES)
     relu_on = b.icmp_signed("!=", relu, B.const(0))
-    last_row = b.sub(n, B.const(1))
 
     def emit():
         c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
@@ -208,7 +208,7 @@ def _build_gather(mod, far=False, far_fn=None):
             i, _, close_i = B.loop(start, n, rp, f"i{rp}")
             if far:  # the output rows a few iterations on: their lines are owned by the time they are stored
                 for r in range(rp):
-                    B.prefetch_row_ahead(out, b.add(i, B.const(r)), last_row, ldo, c)
+                    B.prefetch_row_ahead(out, b.add(i, B.const(r)), n, ldo, c)
             k, accs, close_k = B.loop(B.const(0), s, 1, f"k{rp}", init * rp)
             new = []
             for r in range(rp):
@@ -253,7 +253,6 @@ def _build_scatter(mod, far=False, far_fn=None):
         base = b.mul(at(order, e), B.const(PANEL))
         return [b.fadd(accs[v], B.vload(panel, base, v * LANES)) for v in range(nv)]
 
-    last_row = b.sub(n_in, B.const(1))
 
     def emit():
         c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
@@ -272,7 +271,7 @@ def _build_scatter(mod, far=False, far_fn=None):
         r1 = b.add(r, B.const(1))
         if far:
             for rr in (r, r1):
-                B.prefetch_row_ahead(dW, rr, last_row, ldw, c)
+                B.prefetch_row_ahead(dW, rr, n_in, ldw, c)
         lo0, lo1, hi1 = at(starts, r), at(starts, r1), at(starts, b.add(r, B.const(2)))
         n0, n1 = b.sub(lo1, lo0), b.sub(hi1, lo1)
         both = b.select(b.icmp_signed("<", n0, n1), n0, n1)
