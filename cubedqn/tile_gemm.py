@@ -14,12 +14,13 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               `scripts/bench_tile_gemm.py --library-threads 2` times): row-major, alpha 1,
               beta 0, N >= 8, B as is or transposed (input gradients: delta @ W^T), and
               either A as is with K <= K_MAX (forward layers: (B, in) @ (in, out);
-              K_MAX is 512, 1024 on Zen 4) or A transposed with M, K <= 256 (weight
-              gradients at batch <= 256: acts^T @ delta).
+              K_MAX is 512, 1024 on Zen 4) or A transposed with K <= 256 and M <= 256
+              or N <= 16 (weight gradients at batch <= 256: acts^T @ delta; N <= 16, a
+              Q head's, at any M: its 16-row groups read whole lines of A, each once).
   the library everything else: BLAS threads > 1; K > K_MAX (the 3x3x3's 1024-wide
               layer outside Zen 4: 0.92-1.03x on Sapphire Rapids); a transposed A with
-              M > 256 (0.8-1.0x; its 8 rows are 8 floats of one line lda apart, every k a
-              new line) or K > 256 (1.0x); N < 8.
+              M > 256 and N > 16 (0.8-1.0x; its 8 rows are 8 floats of one line lda apart,
+              every k a new line) or K > 256 (1.0x); N < 8.
 
 How: for each 32 columns of C and each block of up to 256 values of k, it copies that
 block of op(B)'s panel (at most 256 x 32 floats, 32 KB; a transposed B's 16 x 16 blocks
@@ -72,7 +73,9 @@ N_MIN = 8                   # narrower products stay with the library (a vector 
 # Performance)
 K_MAX_BY_CPU = {"znver4": 1024}
 K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512)
-TRANS_A_MAX = 256           # a transposed A is taken up to this many rows of C and this K
+# a transposed A is taken up to this K, and this many rows of C unless N <= LANES (the
+# 3x3x3 head's gradient, 512 x 256 x 12: 82 against 47 GFLOP/s for the library, Zen 4, hot)
+TRANS_A_MAX = 256
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
 
@@ -130,7 +133,8 @@ def _emit(mod, epilogue):
                  b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)), b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)),
                  b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1)),
                  b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
-                       b.and_(trans, b.and_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
+                       b.and_(trans, b.and_(b.or_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
+                                                  b.icmp_signed("<=", N, c64(LANES))),
                                             b.icmp_signed("<=", K, c64(TRANS_A_MAX))))),
                  b.or_(b.icmp_signed("==", tb, c32(NO_TRANS)), b.and_(b_trans, b.icmp_signed("<=", K, c64(K_MAX))))]
     take = conds[0]
