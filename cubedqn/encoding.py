@@ -25,7 +25,7 @@ import copy
 import numpy as np
 from numba import njit
 
-from .cube import conjugate_states, encode_index, encode_onehot, symmetries
+from .cube import conjugate_states, encode_index, encode_onehot, sticker_order, symmetries
 
 
 @njit(cache=True, nogil=True)
@@ -185,11 +185,12 @@ def encode_onehot_framed(states, frame_perm, frame_cmap, frame, out):
 
 
 @njit(cache=True, nogil=True)
-def encode_rotated_or_plain(framed, sparse, states, home_facelets, colours, frame_perm, frame_cmap, rot, idx, x):
+def encode_rotated_or_plain(framed, sparse, states, home_facelets, colours, frame_perm, frame_cmap, order, rot, idx,
+                            x):
     """The encodings that need no corner codes, as one kernel (Encoder.encode, and the
     learner's fused step): framed, each state turned by the first rotation that brings its
-    DBL cubie home (rot gets the rotations), else the stickers as they are; into idx
-    (sparse) or x (dense one-hot)."""
+    DBL cubie home (rot gets the rotations), else the stickers as they are, listed in
+    `order` (cube.sticker_order); into idx (sparse) or x (dense one-hot)."""
     if framed:
         find_rotations(states, home_facelets, colours, rot)
         if sparse:
@@ -197,7 +198,7 @@ def encode_rotated_or_plain(framed, sparse, states, home_facelets, colours, fram
         else:
             encode_onehot_framed(states, frame_perm, frame_cmap, rot, x)
     elif sparse:
-        encode_index(states, idx)
+        encode_index(states, order, idx)
     else:
         encode_onehot(states, x)
 
@@ -419,6 +420,7 @@ class Encoder:
         self.search_rotations = self.rotations if self.canonical else \
             np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
         self.home_facelets = np.ascontiguousarray(self.search_rotations[:, self.fac])
+        self.sticker_order = sticker_order(puzzle)  # unframed sparse inputs: constant columns first
         # children worth scoring in all-actions targets (all of them unless canonical)
         self.child_reps, self.child_rep_of = child_representatives(puzzle, n_actions) if self.canonical \
             else (np.arange(n_actions), np.arange(n_actions))
@@ -478,8 +480,9 @@ class Encoder:
         n = len(states)
         if self.rotation_only and not (want_codes and self.framed):
             encode_rotated_or_plain(self.framed, self.sparse, states, self.home_facelets, self.colours,
-                                    self.frame_perm, self.frame_cmap, np.zeros(n, np.int64) if rot is None else rot,
-                                    ws.idx[row0:row0 + n], ws.x[row0:row0 + n])
+                                    self.frame_perm, self.frame_cmap, self.sticker_order,
+                                    np.zeros(n, np.int64) if rot is None else rot, ws.idx[row0:row0 + n],
+                                    ws.x[row0:row0 + n])
             return None
         if len(self._codes) < n:
             self._codes = np.zeros((n, 8), np.int64)

@@ -147,7 +147,7 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, dueling, stamp
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights,
-                       framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, act_map,
+                       framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map,
                        states, nxt, rot, rot_next, actions_c,
                        sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel,
                        Wts, bts, idx_t, x_t, acts_t, q_t, panel_t,
@@ -162,10 +162,10 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     stamp(stamps, 0)
     copy_rows(b_states, states, 0)  # contiguous copies: the batch's fields are views of its records
     copy_rows(b_next, nxt, 0)
-    encode_rotated_or_plain(framed, enc_sparse, states, home_facelets, colours, frame_perm, frame_cmap, rot,
+    encode_rotated_or_plain(framed, enc_sparse, states, home_facelets, colours, frame_perm, frame_cmap, order, rot,
                             idx[:n], x[:n])
-    encode_rotated_or_plain(framed, enc_sparse, nxt, home_facelets, colours, frame_perm, frame_cmap, rot_next,
-                            idx_t[:n], x_t[:n])
+    encode_rotated_or_plain(framed, enc_sparse, nxt, home_facelets, colours, frame_perm, frame_cmap, order,
+                            rot_next, idx_t[:n], x_t[:n])
     if double:  # the online net's rows n..2n are the same inputs
         copy_rows(idx_t[:n], idx, n)
         copy_rows(x_t[:n], x, n)
@@ -429,7 +429,8 @@ class Learner:
         loss, norm = fused_sampled_step(
             batch.states, batch.next_states, batch.actions, batch.rewards, batch.dones, batch.discounts,
             batch.weights if use_weights else self.ones,
-            enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap, enc.act_map,
+            enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap, enc.sticker_order,
+            enc.act_map,
             self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
             on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel,
             tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel,

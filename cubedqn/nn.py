@@ -167,7 +167,8 @@ class Workspace:
         # and chunked policies rely on that, bitwise).
         panel = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
                  and layout.widths[1] % panels.PANEL == 0 and rows * layout.n_active >= 8 * layout.in_dim)
-        self.panel = aligned_zeros(panel_scratch_size(layout.in_dim, rows, layout.n_active) if panel else 0, dtype)
+        self.panel = aligned_zeros(panel_scratch_size(layout.in_dim, rows, layout.n_active, layout.widths[1])
+                                   if panel else 0, dtype)
         self.x = aligned_zeros((rows, layout.in_dim if dense_input else 0), dtype)
         self.q = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
         self.dq = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
@@ -248,13 +249,56 @@ def _rows_fit(a):
 
 
 @njit(cache=True, nogil=True)
-def panel_scratch_size(in_dim, rows, n_active):
-    """float32 elements of the scratch the panel kernels need for `rows` batch rows: a
-    panel of max(in_dim, rows) rows (W1's for the gather, dout's for the scatter), then,
-    as int32, the scatter's lists of batch rows per W1 row (rows * n_active entries,
-    in_dim + 1 starts) and in_dim cursors for building them; rounded up to 16."""
+def _lists_end(in_dim, rows, n_active):
+    """Where the panel scratch's lists end (float32 elements, rounded up to 16): a panel of
+    max(in_dim, rows) rows (W1's for the gather, dout's for the scatter), then, as int32,
+    the scatter's lists of batch rows per W1 row (rows * n_active entries, in_dim + 1
+    starts) and in_dim cursors for building them."""
     n = max(in_dim, rows) * panels.PANEL + rows * n_active + 2 * in_dim + 1
     return -(-n // 16) * 16
+
+
+@njit(cache=True, nogil=True)
+def panel_scratch_size(in_dim, rows, n_active, hidden):
+    """float32 elements of the scratch the panel kernels need for `rows` batch rows: the
+    panel and lists (_lists_end), then `hidden` floats for the gather's bias with the
+    constant columns added (_fold_constant_columns); rounded up to 16."""
+    return _lists_end(in_dim, rows, n_active) + -(-hidden // 16) * 16
+
+
+@njit(cache=True, nogil=True)
+def _constant_prefix(idx):
+    """How many of idx's first columns hold the same W1 row in every row of the batch (the
+    3x3x3's six centre stickers, which cube.encode_index puts first)."""
+    n, s = idx.shape
+    for k in range(s):
+        v = idx[0, k]
+        for i in range(1, n):
+            if idx[i, k] != v:
+                return k
+    return s
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _fold_constant_columns(idx, W, b, hp, panel):
+    """(f, c): the gather's first f columns are the same in every row, and c[:hp] = b plus
+    their W rows, added in column order: the sum every output row starts with, so
+    gathering the other columns onto c gives each row's sequential sum bit for bit (the
+    same adds in the same order) with 1 - f/S of the loads (3x3x3: 48 of 54 stickers).
+    c lives in the scratch past the lists; (0, b) when it has no room."""
+    n, s = idx.shape
+    off = _lists_end(W.shape[0], n, s)
+    f = _constant_prefix(idx) if n > 0 else 0
+    if f == 0 or panel.shape[0] < off + hp:
+        return 0, b
+    c = panel[off:off + hp]
+    for j in range(hp):
+        c[j] = b[j]
+    for k in range(f):
+        w = W[idx[0, k]]
+        for j in range(hp):
+            c[j] += w[j]
+    return f, c
 
 
 @njit(cache=True, nogil=True)
@@ -299,8 +343,10 @@ def _panel_gather_overload(idx, W, b, out, relu, panel):
         hp = _panel_columns(idx, W, out, b, panel, W.shape[0] * panels.PANEL)
         if hp == 0:
             return 0
-        return panels.gather_panels(out.ctypes, out.strides[0] // 4, W.ctypes, W.strides[0] // 4, idx.ctypes,
-                                    idx.strides[0] // 4, n, s, hp, b.ctypes, 1 if relu else 0, panel.ctypes,
+        f, c = _fold_constant_columns(idx, W, b, hp, panel)
+        rest = idx[:, f:]
+        return panels.gather_panels(out.ctypes, out.strides[0] // 4, W.ctypes, W.strides[0] // 4, rest.ctypes,
+                                    idx.strides[0] // 4, n, s - f, hp, c.ctypes, 1 if relu else 0, panel.ctypes,
                                     W.shape[0], panels.PANEL)
     return run
 
@@ -313,15 +359,33 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
     def run(idx, dout, dW, db, panel):
         n, s = idx.shape
         n_in = dW.shape[0]
-        hp = _panel_columns(idx, dW, dout, db, panel, panel_scratch_size(n_in, n, s))
+        hp = _panel_columns(idx, dW, dout, db, panel, _lists_end(n_in, n, s))
         if hp == 0:
             return 0
         lists = panel[max(n_in, n) * panels.PANEL:].view(np.int32)
         order, starts, cursor = lists[:n * s], lists[n * s:n * s + n_in + 1], lists[n * s + n_in + 1:]
-        _rows_by_w1_row(idx, n_in, order, starts, cursor[:n_in])
-        return panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4,
+        # A W1 row that a constant column hits in every row and nothing else hits sums all
+        # of dout's rows in order: db's sum, bit for bit. Such rows are left out of the lists
+        # and get db copied in; where another column hits one too, none are left out.
+        f = _constant_prefix(idx) if n > 0 else 0
+        _rows_by_w1_row(idx[:, f:], n_in, order, starts, cursor[:n_in])
+        for k in range(f):
+            r = idx[0, k]
+            alone = starts[r + 1] == starts[r]
+            for k2 in range(k):
+                alone = alone and idx[0, k2] != r
+            if not alone:
+                f = 0
+                _rows_by_w1_row(idx, n_in, order, starts, cursor[:n_in])
+                break
+        done = panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4,
                                      order.ctypes, starts.ctypes, n, hp, db.ctypes, panel.ctypes, n_in,
                                      panels.PANEL)
+        for k in range(f):
+            w = dW[idx[0, k]]
+            for j in range(done):
+                w[j] = db[j]
+        return done
     return run
 
 

@@ -96,7 +96,7 @@ def main():
                     o_rest = 0 if moved == "panel scratch" else off
                     W, b = placed((n_in, h), o_rest, rng), placed((h,), o_rest, rng)
                     out, dout = placed((n, h), o_rest), placed((n, h), o_rest, rng)
-                    dW, db, panel = placed((n_in, h), o_rest), placed((h,), o_rest), placed((panel_scratch_size(n_in, n, s),), o_panel)
+                    dW, db, panel = placed((n_in, h), o_rest), placed((h,), o_rest), placed((panel_scratch_size(n_in, n, s, h),), o_panel)
                     cases[off] = (lambda idx=idx, W=W, b=b, out=out, panel=panel: sparse_forward_panels(idx, W, b, out, True, panel),
                                   lambda idx=idx, dout=dout, dW=dW, db=db, panel=panel: sparse_backward_panels(idx, dout, dW, db, panel),
                                   reps)

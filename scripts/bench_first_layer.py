@@ -42,7 +42,7 @@ def main():
         W, b = aligned_zeros((n_in, h), np.float32), aligned_zeros(h, np.float32)
         W[:], b[:] = rng.standard_normal((n_in, h)), rng.standard_normal(h)
         for bsz in (int(x) for x in args.batches.split(",")):
-            panel = aligned_zeros(panel_scratch_size(n_in, bsz, s), np.float32)
+            panel = aligned_zeros(panel_scratch_size(n_in, bsz, s, h), np.float32)
             idx = aligned_zeros((bsz, s), np.int32)
             idx[:] = np.arange(s)[None, :] * (n_in // s) + rng.integers(0, n_in // s, (bsz, s))
             dout, out = aligned_zeros((bsz, h), np.float32), aligned_zeros((bsz, h), np.float32)

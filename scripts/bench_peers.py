@@ -39,23 +39,29 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from cubedqn.cube import get_puzzle  # noqa: E402
+from cubedqn.cube import apply_actions, get_puzzle, scramble_into  # noqa: E402
 from cubedqn.encoding import Encoder  # noqa: E402
 from cubedqn.learner import Learner  # noqa: E402
 from cubedqn.nn import Layout, init_params, views  # noqa: E402
 from cubedqn.profiling import cpu_info, describe_cpu  # noqa: E402
 from cubedqn.replay import Batch  # noqa: E402
+from cubedqn.rng import make_rng  # noqa: E402
 
 SHAPES = {"cube2": ("cube2", (256, 256), 64), "cube3": ("cube3", (1024, 512), 256)}
 GAMMA, LR, MU, CLIP = 0.99, 1e-3, 0.9, 10.0
 
 
 def make_data(puzzle, batch, seed=0):
+    """A batch of transitions as training samples them: states scrambled 1-20 quarter turns
+    from solved (the 3x3x3's centres in place, which cubedqn's first layer makes use of;
+    the peers' dense steps do the same work whatever the stickers are), s' one turn on."""
     rng = np.random.default_rng(seed)
     b = Batch(batch, puzzle.n_stickers, np.float32)
-    b.states[:] = rng.integers(0, 6, b.states.shape)
-    b.next_states[:] = rng.integers(0, 6, b.states.shape)
+    b.states[:] = puzzle.solved
+    scramble_into(b.states, rng.integers(1, 21, batch).astype(np.int64), puzzle.moves, 12, make_rng(seed), True,
+                  np.zeros((batch, 0), np.int8))
     b.actions[:] = rng.integers(0, 12, batch)
+    apply_actions(b.states, b.actions, puzzle.moves, b.next_states)
     b.rewards[:] = -1
     b.dones[:] = rng.random(batch) < 0.1
     b.discounts[:] = GAMMA

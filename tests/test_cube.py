@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 from cubedqn.cube import (FACES, MOVE_NAMES, CubeError, apply_actions, apply_moves, encode_index,
                           encode_onehot, expand_children, format_moves, from_facelets, get_puzzle,
                           invert_moves, is_solved, parse_moves, scramble_into, solved_batch,
-                          to_facelets)
+                          sticker_order, to_facelets)
 from cubedqn.oracle import PUBLISHED_COUNTS, decode_states, load_oracle
 from cubedqn.rng import make_rng
 
@@ -92,11 +92,28 @@ def test_batched_kernels_match_python_model(name, seq, n):
     solved_batch(out, solved)
     assert [bool(v) for v in solved] == [is_solved(o) for o in out]
     idx = np.empty((n, p.n_stickers), np.int32)
-    encode_index(out, idx)
+    encode_index(out, sticker_order(p), idx)
     x = np.empty((n, p.n_stickers * 6), np.float32)
     encode_onehot(out, x)
     assert np.array_equal(np.flatnonzero(x[0]), np.sort(idx[0]))
     assert x.sum() == n * p.n_stickers
+
+
+@pytest.mark.parametrize("name", PUZZLES)
+def test_sticker_order_lists_the_stickers_no_move_moves_first(name):
+    """The 3x3x3's six centres (no face turn moves them), then every other sticker in
+    order; the 2x2x2 has none, so its order is the identity. The centres' index columns
+    are then the same for every state."""
+    p = get_puzzle(name)
+    order = sticker_order(p)
+    fixed = sorted(int(c) for c in p.centre_facelets)
+    assert list(order[:len(fixed)]) == fixed
+    assert list(order[len(fixed):]) == [j for j in range(p.n_stickers) if j not in fixed]
+    states = np.stack([apply_moves(p, p.solved, [a, (5 * a + 3) % 18]) for a in range(18)])
+    idx = np.empty((len(states), p.n_stickers), np.int32)
+    encode_index(states, order, idx)
+    assert (idx[:, :len(fixed)] == idx[0, :len(fixed)]).all()
+    assert len(fixed) == p.n_stickers or not (idx[:, len(fixed)] == idx[0, len(fixed)]).all()
 
 
 def test_scramble_kernel_is_seeded_and_never_undoes():

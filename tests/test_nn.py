@@ -26,7 +26,7 @@ def batch(n=6, seed=3):
 
 def fill_input(net, ws, states):
     if net.sparse:
-        encode_index(states, ws.idx[:len(states)])
+        encode_index(states, np.arange(states.shape[1]), ws.idx[:len(states)])
     else:
         encode_onehot(states, ws.x[:len(states)])
 
@@ -311,24 +311,27 @@ def sequential_scatter(idx, dout, n_in):
     return dW, db
 
 
-def first_layer_case(seed, n_in, s, h, rows):
+def first_layer_case(seed, n_in, s, h, rows, constant=0):
     """float32 W (in,H), b, sticker indices (rows,S) (sticker k's one-hot rows are
-    k*per .. k*per+per-1, per = in // S) and an output gradient (rows,H)."""
+    k*per .. k*per+per-1, per = in // S; the first `constant` stickers the same in every
+    row, as the 3x3x3's centres) and an output gradient (rows,H)."""
     rng = np.random.default_rng(seed)
     W = rng.standard_normal((n_in, h)).astype(np.float32)
     b = rng.standard_normal(h).astype(np.float32)
     per = n_in // s
     idx = (np.arange(s)[None, :] * per + rng.integers(0, per, (rows, s))).astype(np.int32)
+    idx[:, :constant] = idx[0, :constant]
     dout = rng.standard_normal((rows, h)).astype(np.float32)
     return W, b, idx, dout
 
 
-def check_panel_kernels_against_sequential_sums(n_in, s, h, rows, relu):
-    """Both panel kernels on a first_layer_case: the plain sequential float32 sums exactly,
-    every output element written. Returns (W, b, idx, out)."""
+def check_panel_kernels_against_sequential_sums(n_in, s, h, rows, relu, constant=0, idx=None):
+    """Both panel kernels on a first_layer_case (or on the given idx): the plain sequential
+    float32 sums exactly, every output element written. Returns (W, b, idx, out)."""
     from cubedqn.nn import panel_scratch_size, sparse_backward_panels, sparse_forward_panels
-    W, b, idx, dout = first_layer_case(n_in + h + rows, n_in, s, h, rows)
-    panel = np.zeros(panel_scratch_size(n_in, rows, s), np.float32)
+    W, b, case_idx, dout = first_layer_case(n_in + h + rows, n_in, s, h, rows, constant)
+    idx = case_idx if idx is None else idx
+    panel = np.zeros(panel_scratch_size(n_in, rows, s, h), np.float32)
     out = np.full((rows, h), np.nan, np.float32)
     sparse_forward_panels(idx, W, b, out, relu, panel)
     np.testing.assert_array_equal(out, sequential_gather(idx, W, b, relu))
@@ -365,12 +368,42 @@ def test_panel_kernels_prefetching_variant_equals_sequential_sums_bitwise(n_in, 
     check_panel_kernels_against_sequential_sums(n_in, s, h, rows, True)
 
 
+@pytest.mark.parametrize("n_in,s,h,rows,constant", [(324, 54, 1024, 256, 6), (324, 54, 96, 20, 6),
+                                                    (144, 24, 256, 64, 3), (30, 5, 80, 7, 5), (30, 5, 80, 1, 0)])
+def test_constant_columns_are_folded_into_the_bias_with_the_same_bits(n_in, s, h, rows, constant):
+    """Columns that hold the same W1 row in every row of the batch (the 3x3x3's centres,
+    listed first by encode_index) are added to the bias once, in column order: the same
+    sequential sums bit for bit, forward and backward (their dW rows are db's sum). All
+    columns constant (one row too), the far variant, a tail past the last panel."""
+    from cubedqn.nn import _constant_prefix, _fold_constant_columns, panel_scratch_size
+    W, b, idx, _ = check_panel_kernels_against_sequential_sums(n_in, s, h, rows, True, constant)
+    folded = s if rows == 1 else constant
+    assert _constant_prefix(idx) == folded
+    f, c = _fold_constant_columns(idx, W, b, h // 32 * 32, np.zeros(panel_scratch_size(n_in, rows, s, h),
+                                                                      np.float32))
+    assert f == folded and (f == 0 or not np.shares_memory(c, b))
+
+
+def test_constant_columns_that_share_a_w1_row_with_another_column_are_summed_in_place():
+    """Where a constant column's W1 row is also hit by another column (or two constant
+    columns name one row), its dW row is not db: the scatter sums it with the rest (the
+    sequential sums exactly)."""
+    n_in, s, h, rows = 30, 5, 64, 9
+    _, _, idx, _ = first_layer_case(1, n_in, s, h, rows, constant=2)
+    hit = idx.copy()
+    hit[4, 3] = hit[0, 0]                # a varying column lands on a constant column's row
+    check_panel_kernels_against_sequential_sums(n_in, s, h, rows, True, idx=hit)
+    twice = idx.copy()
+    twice[:, 1] = twice[0, 0]            # two constant columns, one W1 row
+    check_panel_kernels_against_sequential_sums(n_in, s, h, rows, False, idx=twice)
+
+
 def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     """Row slices of wider arrays (row stride > width) give the same sums; where panels
     cover nothing (a too-small scratch, float64, fewer than PANEL columns) the result is
     the row kernels' exactly."""
-    from cubedqn.nn import (panel_scratch_size, sparse_backward, sparse_backward_panels, sparse_forward,
-                            sparse_forward_panels)
+    from cubedqn.nn import (_lists_end, panel_scratch_size, sparse_backward, sparse_backward_panels,
+                            sparse_forward, sparse_forward_panels)
     from cubedqn.panels import PANEL
     n_in, s, h, rows = 48, 8, 64, 9
     W, b, idx, dout = first_layer_case(7, n_in, s, h, rows)
@@ -381,7 +414,7 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     wide_out = np.zeros((rows, h + 8), np.float32)
     idx_wide = np.zeros((rows, s + 3), np.int32)
     idx_wide[:, :s] = idx
-    scratch = np.zeros(panel_scratch_size(n_in, rows, s), np.float32)
+    scratch = np.zeros(panel_scratch_size(n_in, rows, s, h), np.float32)
     sparse_forward_panels(idx_wide[:, :s], wide_W[:, :h], b, wide_out[:, :h], True, scratch)
     np.testing.assert_array_equal(wide_out[:, :h], want)
     dW = np.full((n_in, h + 16), np.nan, np.float32)
@@ -392,14 +425,14 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     np.testing.assert_array_equal(db, db_want)
     # too small a scratch (for the gather; for the scatter's lists only: the gather still
     # runs panels), float64, H < PANEL
-    full = panel_scratch_size(n_in, rows, s)
-    for dtype, width, panel_size in ((np.float32, h, n_in * PANEL - 1), (np.float32, h, full - 16),
+    full, lists = panel_scratch_size(n_in, rows, s, h), _lists_end(n_in, rows, s)
+    for dtype, width, panel_size in ((np.float32, h, n_in * PANEL - 1), (np.float32, h, lists - 16),
                                      (np.float64, h, full), (np.float32, PANEL // 2, full)):
         Wd, bd, dd = W[:, :width].astype(dtype), b[:width].astype(dtype), dout[:, :width].astype(dtype)
         got, want = np.zeros((rows, width), dtype), np.zeros((rows, width), dtype)
         sparse_forward_panels(idx, Wd, bd, got, True, np.zeros(panel_size, dtype))
         sparse_forward(idx, Wd, bd, want, True)
-        if panel_size == full - 16:
+        if panel_size == lists - 16:
             want = sequential_gather(idx, Wd, bd, True)
             assert not np.array_equal(want, np.zeros_like(want))
         np.testing.assert_array_equal(got, want)
@@ -417,7 +450,7 @@ def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
     from cubedqn.nn import Workspace, mlp_backward_first, mlp_backward_upper, panel_scratch_size
     from cubedqn.panels import PANEL
     cube3 = Layout(in_dim=324, n_active=54, hidden=(64, 32), n_actions=12)
-    assert Workspace(cube3, 48).panel.size == panel_scratch_size(324, 48, 54) >= 324 * PANEL + 48 * 54
+    assert Workspace(cube3, 48).panel.size == panel_scratch_size(324, 48, 54, 64) >= 324 * PANEL + 48 * 54 + 64
     assert Workspace(cube3, 47).panel.size == 0      # too few rows to pay for copying W1
     assert Workspace(cube3, 48, np.float64).panel.size == 0
     assert Workspace(cube3, 48, dense_input=True).panel.size == 0

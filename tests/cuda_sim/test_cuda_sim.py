@@ -69,7 +69,7 @@ def test_gemm_epilogues():
 
 def test_sparse_layer_matches_cpu():
     idx = np.empty((3, 24), np.int32)
-    encode_index(RNG.integers(0, 6, (3, 24)).astype(np.uint8), idx)
+    encode_index(RNG.integers(0, 6, (3, 24)).astype(np.uint8), np.arange(24), idx)
     idx[1, 5] = idx[1, 4]  # a repeated row inside one sample: the scatter must add both
     W, b = f32(144, 5), f32(5)
     out = np.empty((3, 5), np.float32)
