@@ -102,7 +102,7 @@ class Trainer:
                                    eps=cfg.prioritized_replay_eps)
         self.batch = Batch(cfg.batch_size, self.puzzle.n_stickers, dtype)
         self.env = VecEnv(self.puzzle, cfg.n_envs, self.n_actions, cfg.max_episode_moves, cfg.gamma, n_step)
-        self.act_ws = self.learner.online.workspace(cfg.n_envs)
+        self.act_ws = self.learner.online.workspace(cfg.n_envs, self.encoder.input_groups)
         self.act_rot = np.zeros(cfg.n_envs, np.int64)
         self.act_q = np.zeros((cfg.n_envs, self.n_actions), self.learner.dtype)
         self.policy = Policy(self.learner.online, self.encoder)

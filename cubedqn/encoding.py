@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit
 
 from .cube import conjugate_states, encode_index, encode_onehot, sticker_order, symmetries
+from .nn import InputGroups
 
 
 @njit(cache=True, nogil=True)
@@ -309,6 +310,39 @@ def child_representatives(puzzle, n_actions, trials=8):
     return np.array(reps, np.int64), rep_of
 
 
+def sticker_groups(puzzle, order, dbl_first=False) -> InputGroups:
+    """The sticker input's cubies as InputGroups: each centre alone (any colour), each
+    corner slot's three stickers (the 8 corner cubies in 3 twists: 24 values) and each
+    edge slot's two (12 edges, 2 flips). order: the index column of each sticker position
+    is its place in it (cube.sticker_order; the identity where encoded in frames). Centres
+    first, then the corners (with dbl_first, the DBL slot first: a canonical frame keeps
+    its cubie home), then the edges: groups whose value is the same in every row lead, so
+    the first layer adds their table rows once (nn._fold_constant_columns)."""
+    column = np.empty(puzzle.n_stickers, np.int64)
+    column[np.asarray(order)] = np.arange(puzzle.n_stickers)
+    corners = list(range(len(puzzle.corner_facelets)))
+    if dbl_first:
+        corners.remove(6)
+        corners.insert(0, 6)
+    groups, values = [], []
+    for p in puzzle.centre_facelets:
+        groups.append((column[p],))
+        values.append([(6 * p + c,) for c in range(6)])
+    # a cubie in any slot shows its colours in the same cyclic order (read from the U/D
+    # facelet, clockwise) as at home: its 3 twists are the 3 rotations of that order
+    for slot in corners:
+        fs = puzzle.corner_facelets[slot]
+        groups.append(tuple(column[f] for f in fs))
+        values.append([tuple(6 * f + int(cs[(a + t) % 3]) for a, f in enumerate(fs))
+                       for cs in puzzle.corner_colours for t in range(3)])
+    for fs in puzzle.edge_facelets:
+        groups.append(tuple(column[f] for f in fs))
+        values.append([tuple(6 * f + int(cs[(a + t) % 2]) for a, f in enumerate(fs))
+                       for cs in puzzle.edge_colours for t in range(2)])
+    digit = np.arange(puzzle.n_stickers * 6) % 6
+    return InputGroups(puzzle.n_stickers * 6, groups, values, digit, 6)
+
+
 ENCODINGS = ("stickers", "cubies", "pairs")
 SYMMETRIES = (1, 6, 48)
 INPUT_SHAPES = {"cubies": (192, 8), "pairs": (21 * 441, 21)}  # (in_dim, n_active); stickers: per puzzle
@@ -421,6 +455,10 @@ class Encoder:
             np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
         self.home_facelets = np.ascontiguousarray(self.search_rotations[:, self.fac])
         self.sticker_order = sticker_order(puzzle)  # unframed sparse inputs: constant columns first
+        # the first layer's cubie tables (nn.InputGroups), for sparse sticker inputs
+        self.input_groups = sticker_groups(puzzle, np.arange(puzzle.n_stickers) if self.framed else
+                                           self.sticker_order, self.canonical) \
+            if sparse and inputs == "stickers" else None
         # children worth scoring in all-actions targets (all of them unless canonical)
         self.child_reps, self.child_rep_of = child_representatives(puzzle, n_actions) if self.canonical \
             else (np.arange(n_actions), np.arange(n_actions))
@@ -546,7 +584,7 @@ class Policy:
         out = np.empty((n, self.net.layout.n_actions), self.net.dtype)
         rows = min(self.chunk, max(n, 1))
         if rows not in self._ws:
-            self._ws[rows] = (self.net.workspace(rows), np.zeros(rows, np.int64))
+            self._ws[rows] = (self.net.workspace(rows, self.encoder.input_groups), np.zeros(rows, np.int64))
         ws, rot = self._ws[rows]
         for start in range(0, n, rows):
             part = states[start:start + rows]

@@ -134,10 +134,10 @@ def copy_rows(src, dst, row0):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, dueling, stamps, k):
+def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, dueling, stamps, k):
     """MLP.forward_ws inside the fused step: Q-values of the first `rows` input rows into q;
     stamps[k] after the first layer, stamps[k + 1] after the GEMM layers (and dueling head)."""
-    mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel)
+    mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel, groups)
     stamp(stamps, k)
     mlp_forward_upper(Ws, bs, acts, rows)
     if dueling:
@@ -149,8 +149,8 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, dueling, stamp
 def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights,
                        framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map,
                        states, nxt, rot, rot_next, actions_c,
-                       sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel,
-                       Wts, bts, idx_t, x_t, acts_t, q_t, panel_t,
+                       sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel, groups,
+                       Wts, bts, idx_t, x_t, acts_t, q_t, panel_t, groups_t,
                        double, dueling, y, td, scale, loss_kind, gWs, gbs,
                        kind, clip, max_norm, params, grads, m_state, v_state, slices,
                        lr, mu, b1, b2, eps, bc1, bc2, wd, stamps):
@@ -170,8 +170,8 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
         copy_rows(idx_t[:n], idx, n)
         copy_rows(x_t[:n], x, n)
     stamp(stamps, 1)
-    forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, dueling, stamps, 2)
-    forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n if double else n, panel, dueling, stamps, 4)
+    forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps, 2)
+    forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n if double else n, panel, groups, dueling, stamps, 4)
     sampled_targets(q[n:2 * n] if double else q_t[:n], q_t[:n], b_rewards, b_dones, b_discounts, double, y)
     actions_to_canonical(b_actions, rot, act_map, actions_c)
     loss = loss_taken(q[:n], actions_c, y, weights, scale, loss_kind, dq, td, n)
@@ -180,7 +180,7 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     stamp(stamps, 6)
     mlp_backward_upper(Ws, acts, deltas, gWs, gbs, n)
     stamp(stamps, 7)
-    mlp_backward_first(idx, x, sparse, Ws, deltas, gWs, gbs, n, panel)
+    mlp_backward_first(idx, x, sparse, Ws, deltas, gWs, gbs, n, panel, groups)
     stamp(stamps, 8)
     norm = clipped_step(kind, clip, max_norm, params, grads, m_state, v_state, slices, lr, mu, b1, b2, eps, bc1,
                         bc2, wd)
@@ -317,11 +317,11 @@ class Learner:
         micro = batch_size // grad_accum
         self.micro = micro
         online_rows = micro if targets != "double" else 2 * micro
-        self.ws = self.online.workspace(online_rows)
+        self.ws = self.online.workspace(online_rows, encoder.input_groups)
         self.n_rep = len(encoder.child_reps)
         self.rep_moves = np.ascontiguousarray(moves[encoder.child_reps])
         target_rows = micro * self.n_rep if targets == "all-actions" else micro
-        self.ws_t = self.target.workspace(target_rows)
+        self.ws_t = self.target.workspace(target_rows, encoder.input_groups)
         self.y = np.zeros(micro, self.dtype)
         self.Y = np.zeros((micro, self.n_actions), self.dtype)
         self.td = np.zeros(batch_size, self.dtype)
@@ -399,7 +399,7 @@ class Learner:
                 self.n_touched = sparse_backward_compact(ws.idx[:m], ws.deltas[0][:m], self.grad_rows, gb[0],
                                                          self.row_mark, self.row_slot, self.touched)
             else:
-                mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m, ws.panel)
+                mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m, ws.panel, ws.groups)
             laps.lap("first layer")
             if not first:
                 add_into(self.grads, self.grads_tmp)
@@ -432,8 +432,8 @@ class Learner:
             enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap, enc.sticker_order,
             enc.act_map,
             self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
-            on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel,
-            tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel,
+            on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
+            tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
             self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size, self.loss_kind,
             self.gWs, self.gbs, *opt.step_args(on.params, self.grads), self.stamps)
         opt.last_norm = float(norm)
@@ -561,7 +561,7 @@ class Learner:
                 dense_backward(ws.acts[l - 1][:rows], ws.deltas[l][:rows], on.Ws[l], dW, db,
                                ws.deltas[l - 1][:rows], True)
             elif on.sparse:  # by panels with the workspace's scratch, else by rows
-                sparse_backward_panels(ws.idx[:rows], ws.deltas[0][:rows], dW, db, ws.panel)
+                sparse_backward_panels(ws.idx[:rows], ws.deltas[0][:rows], dW, db, ws.panel, ws.groups)
             else:
                 dense_backward(ws.x[:rows], ws.deltas[0][:rows], on.Ws[0], dW, db,
                                ws.deltas[0][:0], False)

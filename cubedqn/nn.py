@@ -142,6 +142,56 @@ def init_params(layout: Layout, rng: np.random.Generator, dtype=np.float32) -> n
     return flat
 
 
+class InputGroups:
+    """Tables for a sparse first layer whose index columns come in groups that take few
+    joint values: a cubie's stickers (a corner's three take 24 of the 6^3 colourings).
+
+    Table row t is the sum of the W1 rows of one joint value of one group; a batch row
+    then sums one table row per group instead of one W1 row per column. The 3x3x3's 54
+    stickers are 26 groups (6 centres, 8 corners, 12 edges) with 516 table rows, the
+    2x2x2's 24 are 8 corners with 192 (encoding.sticker_groups). panels.py builds the
+    table rows per column panel from W1's panel, so the tables never go to memory; only
+    the forward uses them (the backward's scatter through tables was no faster, README).
+    A call whose rows include a value not listed (stickers that are no state of the
+    puzzle) sums W1 rows as before.
+
+    groups: tuples of index columns; values: per group, the tuples of W1 rows (one per
+    column, in column order) that occur; digit (in_dim,): each W1 row's number among its
+    column's rows, below radix. `tables` is what the kernels take (nn.NO_GROUPS: none)."""
+
+    def __init__(self, in_dim, groups, values, digit, radix):
+        width = max(len(g) for g in groups)
+        cols = np.full((len(groups), width), -1, np.int64)
+        place = np.zeros((len(groups), width), np.int64)
+        lut = np.full((len(groups), radix ** width), -1, np.int32)
+        members = []
+        for g, (columns, rows_of_values) in enumerate(zip(groups, values)):
+            cols[g, :len(columns)] = columns
+            place[g, :len(columns)] = [radix ** (len(columns) - 1 - a) for a in range(len(columns))]
+            for rows in rows_of_values:
+                lut[g, sum(int(digit[r]) * int(p) for r, p in zip(rows, place[g]))] = len(members)
+                members.append(tuple(rows))
+        self.in_dim, self.n_groups, self.n_tables = in_dim, len(groups), len(members)
+        self.n_members = sum(len(m) for m in members)
+        self.tables = (cols, place, lut, np.ascontiguousarray(digit, np.int64),
+                       np.array([r for m in members for r in m], np.int32),
+                       np.cumsum([0] + [len(m) for m in members]).astype(np.int32))
+
+    def pays(self, rows: int, layout: Layout) -> bool:
+        """Whether a workspace of `rows` rows takes the tables: the sums they save per call
+        (rows x (columns - groups)) at least 5x what building them costs (a load per member,
+        a store per table row). Measured in a cube3 training step (Zen 4, README): the
+        online forward's 512 rows ran 20% faster, the target's 256 and the backward's
+        (W1 through tables) no faster; 5x takes the first and not the others."""
+        return (layout.in_dim == self.in_dim and
+                rows * (layout.n_active - self.n_groups) >= 5 * (self.n_members + self.n_tables))
+
+
+# no tables (InputGroups.tables' types, empty)
+NO_GROUPS = (np.full((0, 1), -1, np.int64), np.zeros((0, 1), np.int64), np.zeros((0, 1), np.int32),
+             np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(1, np.int32))
+
+
 class Workspace:
     """Activations and deltas for one (layout, rows, dtype): allocated once, reused every step.
 
@@ -150,7 +200,8 @@ class Workspace:
     deltas[l] has the shape of acts[l]. idx (rows, S) int32 and x (rows, in) feed layer 0.
     """
 
-    def __init__(self, layout: Layout, rows: int, dtype=np.float32, dense_input=False):
+    def __init__(self, layout: Layout, rows: int, dtype=np.float32, dense_input=False,
+                 groups: InputGroups | None = None):
         self.layout, self.rows, self.dtype = layout, rows, dtype
         w = layout.widths
         self.acts = tuple(aligned_zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
@@ -167,8 +218,12 @@ class Workspace:
         # and chunked policies rely on that, bitwise).
         panel = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
                  and layout.widths[1] % panels.PANEL == 0 and rows * layout.n_active >= 8 * layout.in_dim)
-        self.panel = aligned_zeros(panel_scratch_size(layout.in_dim, rows, layout.n_active, layout.widths[1])
-                                   if panel else 0, dtype)
+        # Tables (InputGroups) where the workspace's rows save more sums than building them costs
+        tabled = panel and groups is not None and groups.pays(rows, layout)
+        self.groups = groups.tables if tabled else NO_GROUPS
+        n_t, n_g = (groups.n_tables, groups.n_groups) if tabled else (0, 0)
+        self.panel = aligned_zeros(panel_scratch_size(layout.in_dim, rows, layout.n_active, layout.widths[1], n_t,
+                                                      n_g) if panel else 0, dtype)
         self.x = aligned_zeros((rows, layout.in_dim if dense_input else 0), dtype)
         self.q = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
         self.dq = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
@@ -232,12 +287,12 @@ def sparse_backward(idx, dout, dW, db):
                 w[j] += d[j]
 
 
-def _panel_gather(idx, W, b, out, relu, panel):
+def _panel_gather(idx, W, b, out, relu, panel, groups):
     """Columns [0, return value) of sparse_forward done by panels.py (float32 only)."""
     return 0
 
 
-def _panel_scatter(idx, dout, dW, db, panel):
+def _panel_scatter(idx, dout, dW, db, panel, groups):
     """Columns [0, return value) of sparse_backward done by panels.py (float32 only)."""
     return 0
 
@@ -249,26 +304,46 @@ def _rows_fit(a):
 
 
 @njit(cache=True, nogil=True)
-def _lists_end(in_dim, rows, n_active):
-    """Where the panel scratch's lists end (float32 elements, rounded up to 16): a panel of
-    max(in_dim, rows) rows (W1's for the gather, dout's for the scatter), then, as int32,
-    the scatter's lists of batch rows per W1 row (rows * n_active entries, in_dim + 1
-    starts) and in_dim cursors for building them."""
-    n = max(in_dim, rows) * panels.PANEL + rows * n_active + 2 * in_dim + 1
+def _lists_start(in_dim, rows, n_tables):
+    """Where the panel scratch's int32 lists begin (float32 elements): after a panel of
+    max(in_dim, rows) rows (W1's for the gather, dout's for the scatter) and one of the
+    n_tables table rows (see InputGroups)."""
+    return (max(in_dim, rows) + n_tables) * panels.PANEL
+
+
+@njit(cache=True, nogil=True)
+def _lists_end(in_dim, rows, n_active, n_tables, n_groups):
+    """Where the panel scratch's lists end (float32 elements, rounded up to 16): from
+    _lists_start, as int32, the scatter's lists of batch rows per W1 (or table) row (rows *
+    n_active entries, m + 1 starts, m = max(in_dim, n_tables)), m cursors for building
+    them, and the batch's table rows (rows * n_groups)."""
+    m = max(in_dim, n_tables)
+    n = _lists_start(in_dim, rows, n_tables) + rows * n_active + 2 * m + 1 + rows * n_groups
     return -(-n // 16) * 16
 
 
 @njit(cache=True, nogil=True)
-def panel_scratch_size(in_dim, rows, n_active, hidden):
+def panel_scratch_size(in_dim, rows, n_active, hidden, n_tables, n_groups):
     """float32 elements of the scratch the panel kernels need for `rows` batch rows: the
-    panel and lists (_lists_end), then `hidden` floats for the gather's bias with the
+    panels and lists (_lists_end), then `hidden` floats for the gather's bias with the
     constant columns added (_fold_constant_columns); rounded up to 16."""
-    return _lists_end(in_dim, rows, n_active) + -(-hidden // 16) * 16
+    return _lists_end(in_dim, rows, n_active, n_tables, n_groups) + -(-hidden // 16) * 16
+
+
+@njit(cache=True, nogil=True)
+def _list_views(panel, in_dim, rows, n_active, n_tables, n_groups):
+    """(order, starts, cursor, codes) in the scratch (see _lists_end); codes is (rows, n_groups)."""
+    m = max(in_dim, n_tables)
+    ints = panel[_lists_start(in_dim, rows, n_tables):_lists_end(in_dim, rows, n_active, n_tables, n_groups)]
+    ints = ints.view(np.int32)
+    k = rows * n_active
+    codes = ints[k + 2 * m + 1:k + 2 * m + 1 + rows * n_groups]
+    return ints[:k], ints[k:k + m + 1], ints[k + m + 1:k + 2 * m + 1], codes.reshape((rows, n_groups))
 
 
 @njit(cache=True, nogil=True)
 def _constant_prefix(idx):
-    """How many of idx's first columns hold the same W1 row in every row of the batch (the
+    """How many of idx's first columns hold the same row in every row of the batch (the
     3x3x3's six centre stickers, which cube.encode_index puts first)."""
     n, s = idx.shape
     for k in range(s):
@@ -277,28 +352,6 @@ def _constant_prefix(idx):
             if idx[i, k] != v:
                 return k
     return s
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _fold_constant_columns(idx, W, b, hp, panel):
-    """(f, c): the gather's first f columns are the same in every row, and c[:hp] = b plus
-    their W rows, added in column order: the sum every output row starts with, so
-    gathering the other columns onto c gives each row's sequential sum bit for bit (the
-    same adds in the same order) with 1 - f/S of the loads (3x3x3: 48 of 54 stickers).
-    c lives in the scratch past the lists; (0, b) when it has no room."""
-    n, s = idx.shape
-    off = _lists_end(W.shape[0], n, s)
-    f = _constant_prefix(idx) if n > 0 else 0
-    if f == 0 or panel.shape[0] < off + hp:
-        return 0, b
-    c = panel[off:off + hp]
-    for j in range(hp):
-        c[j] = b[j]
-    for k in range(f):
-        w = W[idx[0, k]]
-        for j in range(hp):
-            c[j] += w[j]
-    return f, c
 
 
 @njit(cache=True, nogil=True)
@@ -333,42 +386,110 @@ def _rows_by_w1_row(idx, n_in, order, starts, cursor):
             cursor[r] += 1
 
 
-@overload(_panel_gather, jit_options={"nogil": True})
-def _panel_gather_overload(idx, W, b, out, relu, panel):
-    if not (W.dtype == out.dtype == b.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
-        return lambda idx, W, b, out, relu, panel: 0
+@njit(cache=True, nogil=True)
+def _table_codes(idx, groups, codes):
+    """codes[i, g] = the table row of group g's stickers in row i (InputGroups); False if
+    a row has a combination the tables do not list (not a state of the puzzle)."""
+    cols, place, lut, digit = groups[0], groups[1], groups[2], groups[3]
+    n = idx.shape[0]
+    for i in range(n):
+        for g in range(cols.shape[0]):
+            key = 0
+            for a in range(cols.shape[1]):
+                k = cols[g, a]
+                if k >= 0:
+                    key += digit[idx[i, k]] * place[g, a]
+            t = lut[g, key]
+            if t < 0:
+                return False
+            codes[i, g] = t
+    return True
 
-    def run(idx, W, b, out, relu, panel):
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _fold_constant_columns(rows_idx, W, b, hp, panel, off, tabled, groups):
+    """(f, c): the gather's first f columns are the same in every row, and c[:hp] = b plus
+    their rows (W's, or with tabled the table rows, each zero + its W rows in list order),
+    added in column order: the sum every output row starts with, so gathering the other
+    columns onto c gives each row's sequential sum bit for bit (the same adds in the same
+    order) with 1 - f/S of the loads (3x3x3 stickers: 48 of 54). c lives in the scratch
+    at off; (0, b) when it has no room."""
+    n, s = rows_idx.shape
+    f = _constant_prefix(rows_idx) if n > 0 else 0
+    if f == 0 or panel.shape[0] < off + hp:
+        return 0, b
+    t_order, t_starts = groups[4], groups[5]
+    c = panel[off:off + hp]
+    for j in range(hp):
+        c[j] = b[j]
+    for k in range(f):
+        r = rows_idx[0, k]
+        if tabled:
+            for j in range(hp):
+                v = np.float32(0)
+                for e in range(t_starts[r], t_starts[r + 1]):
+                    v += W[t_order[e], j]
+                c[j] += v
+        else:
+            w = W[r]
+            for j in range(hp):
+                c[j] += w[j]
+    return f, c
+
+
+@njit(cache=True, nogil=True)
+def _tables_for(idx, n_in, panel, groups):
+    """(rows, n_t): the batch's table rows (the scratch's codes) and the table count where
+    the workspace has tables, its scratch their room and every row's stickers are listed;
+    else (idx, 0)."""
+    n, s = idx.shape
+    n_t, g = groups[5].shape[0] - 1, groups[0].shape[0]
+    if n_t > 0 and n > 0 and panel.shape[0] >= _lists_end(n_in, n, s, n_t, g):
+        codes = _list_views(panel, n_in, n, s, n_t, g)[3]
+        if _table_codes(idx, groups, codes):
+            return codes, n_t
+    return idx, 0
+
+
+@overload(_panel_gather, jit_options={"nogil": True})
+def _panel_gather_overload(idx, W, b, out, relu, panel, groups):
+    if not (W.dtype == out.dtype == b.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
+        return lambda idx, W, b, out, relu, panel, groups: 0
+
+    def run(idx, W, b, out, relu, panel, groups):
         n, s = idx.shape
-        hp = _panel_columns(idx, W, out, b, panel, W.shape[0] * panels.PANEL)
+        n_in = W.shape[0]
+        hp = _panel_columns(idx, W, out, b, panel, n_in * panels.PANEL)
         if hp == 0:
             return 0
-        f, c = _fold_constant_columns(idx, W, b, hp, panel)
-        rest = idx[:, f:]
+        rows_idx, n_t = _tables_for(idx, n_in, panel, groups)
+        f, c = _fold_constant_columns(rows_idx, W, b, hp, panel,
+                                      _lists_end(n_in, n, s, n_t, groups[0].shape[0] if n_t else 0), n_t > 0, groups)
+        rest = rows_idx[:, f:]
         return panels.gather_panels(out.ctypes, out.strides[0] // 4, W.ctypes, W.strides[0] // 4, rest.ctypes,
-                                    idx.strides[0] // 4, n, s - f, hp, c.ctypes, 1 if relu else 0, panel.ctypes,
-                                    W.shape[0], panels.PANEL)
+                                    rows_idx.strides[0] // 4, n, rows_idx.shape[1] - f, hp, c.ctypes,
+                                    1 if relu else 0, panel.ctypes, n_in, panels.PANEL, n_t, groups[4].ctypes,
+                                    groups[5].ctypes)
     return run
 
 
 @overload(_panel_scatter, jit_options={"nogil": True})
-def _panel_scatter_overload(idx, dout, dW, db, panel):
+def _panel_scatter_overload(idx, dout, dW, db, panel, groups):
     if not (dW.dtype == dout.dtype == db.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
-        return lambda idx, dout, dW, db, panel: 0
+        return lambda idx, dout, dW, db, panel, groups: 0
 
-    def run(idx, dout, dW, db, panel):
+    def run(idx, dout, dW, db, panel, groups):  # W1 rows, not tables (they did not pay here: README)
         n, s = idx.shape
         n_in = dW.shape[0]
-        hp = _panel_columns(idx, dW, dout, db, panel, _lists_end(n_in, n, s))
+        hp = _panel_columns(idx, dW, dout, db, panel, _lists_end(n_in, n, s, 0, 0))
         if hp == 0:
             return 0
-        lists = panel[max(n_in, n) * panels.PANEL:].view(np.int32)
-        order, starts, cursor = lists[:n * s], lists[n * s:n * s + n_in + 1], lists[n * s + n_in + 1:]
+        order, starts, cursor, _ = _list_views(panel, n_in, n, s, 0, 0)
         # A W1 row that a constant column hits in every row and nothing else hits sums all
         # of dout's rows in order: db's sum, bit for bit. Such rows are left out of the lists
         # and get db copied in; where another column hits one too, none are left out.
         f = _constant_prefix(idx) if n > 0 else 0
-        _rows_by_w1_row(idx[:, f:], n_in, order, starts, cursor[:n_in])
+        _rows_by_w1_row(idx[:, f:], n_in, order, starts, cursor)
         for k in range(f):
             r = idx[0, k]
             alone = starts[r + 1] == starts[r]
@@ -376,7 +497,7 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
                 alone = alone and idx[0, k2] != r
             if not alone:
                 f = 0
-                _rows_by_w1_row(idx, n_in, order, starts, cursor[:n_in])
+                _rows_by_w1_row(idx, n_in, order, starts, cursor)
                 break
         done = panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4,
                                      order.ctypes, starts.ctypes, n, hp, db.ctypes, panel.ctypes, n_in,
@@ -390,15 +511,16 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def sparse_forward_panels(idx, W, b, out, relu, panel):
+def sparse_forward_panels(idx, W, b, out, relu, panel, groups):
     """sparse_forward by column panels (panels.py: float32; panel: the scratch, at least
-    in*PANEL floats, panel_scratch_size for the backward too).
+    in*PANEL floats, panel_scratch_size for the backward too; groups: InputGroups.tables,
+    or NO_GROUPS).
     The last H mod PANEL columns are summed here the same way (bias, then the stickers in
     order); when panels cover nothing (float64, no or too small a scratch, H < PANEL),
     the row kernel runs instead: so this is the sparse forward every network calls."""
     n, s = idx.shape
     h = W.shape[1]
-    done = _panel_gather(idx, W, b, out, relu, panel)
+    done = _panel_gather(idx, W, b, out, relu, panel, groups)
     if done == 0:
         sparse_forward(idx, W, b, out, relu)
         return
@@ -411,12 +533,12 @@ def sparse_forward_panels(idx, W, b, out, relu, panel):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def sparse_backward_panels(idx, dout, dW, db, panel):
+def sparse_backward_panels(idx, dout, dW, db, panel, groups):
     """sparse_backward by column panels (see sparse_forward_panels); every element of dW
     and db is written."""
     n, s = idx.shape
     h = dout.shape[1]
-    done = _panel_scatter(idx, dout, dW, db, panel)
+    done = _panel_scatter(idx, dout, dW, db, panel, groups)
     if done == 0:
         sparse_backward(idx, dout, dW, db)
         return
@@ -547,12 +669,13 @@ def dueling_backward(dq, dhead):
 # so that a profile can time them apart; Ws/bs/acts/deltas are tuples of views
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel):
+def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel, groups):
     """Layer 0 over the first `rows` rows: idx (B,S) if sparse else x (B,in) -> acts[0].
-    panel: the workspace's panel scratch (see Workspace); empty: the row gather."""
+    panel, groups: the workspace's panel scratch and tables (see Workspace); empty: the
+    row gather."""
     L = len(Ws)
     if sparse:
-        sparse_forward_panels(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1, panel)
+        sparse_forward_panels(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1, panel, groups)
     else:
         dense_forward(x[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
 
@@ -577,10 +700,10 @@ def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows, panel):
+def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows, panel, groups):
     """Layer 0's gradient from deltas[0] (dLoss/d its output, first `rows` rows)."""
     if sparse:
-        sparse_backward_panels(idx[:rows], deltas[0][:rows], dWs[0], dbs[0], panel)
+        sparse_backward_panels(idx[:rows], deltas[0][:rows], dWs[0], dbs[0], panel, groups)
     else:
         dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], False)
 
@@ -658,13 +781,13 @@ class MLP:
             self.params[:] = np.asarray(params).reshape(-1)
         self.Ws, self.bs = views(self.params, layout)
 
-    def workspace(self, rows: int) -> Workspace:
-        return Workspace(self.layout, rows, self.dtype, dense_input=not self.sparse)
+    def workspace(self, rows: int, groups: InputGroups | None = None) -> Workspace:
+        return Workspace(self.layout, rows, self.dtype, dense_input=not self.sparse, groups=groups)
 
     def forward_ws(self, ws: Workspace, rows: int, laps=None):
         """Q-values of the workspace's first `rows` input rows. laps (learner.Laps), if given,
         is told when the first layer and when the GEMM layers are done."""
-        mlp_forward_first(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows, ws.panel)
+        mlp_forward_first(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows, ws.panel, ws.groups)
         if laps is not None:
             laps.lap("first layer")
         mlp_forward_upper(self.Ws, self.bs, ws.acts, rows)

@@ -75,8 +75,11 @@ _f32p, _i32p, _i64 = types.CPointer(types.float32), types.CPointer(types.int32),
 # the caller was compiled with, is not PANEL. A cached caller keeps the PANEL it was
 # compiled with (numba does not see a change in another module), so a mismatch must not
 # run with the wrong scratch size: the caller then falls back to its row kernels.
-# gather(out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in, width)
-GATHER_SIG = types.int64(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _i64, _f32p, _i64, _i64)
+# gather(out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in, width, n_t, t_order,
+# t_starts): with n_t > 0, idx indexes n_t table rows, table row t being the sum (from zero,
+# in list order) of W's rows t_order[t_starts[t]:t_starts[t + 1]] (see "Tables" above)
+GATHER_SIG = types.int64(_f32p, _i64, _f32p, _i64, _i32p, _i64, _i64, _i64, _i64, _f32p, _i64, _f32p, _i64, _i64,
+                         _i64, _i32p, _i32p)
 # scatter(dout, ldd, dW, ldw, order, starts, n, hp, db, panel, n_in, width): order/starts
 # list, for each W1 row r, the batch rows that hit it: order[starts[r]:starts[r + 1]]
 # (ascending; a row hit twice is listed twice), as nn.py's counting sort builds them
@@ -148,6 +151,61 @@ def _copy_panel(B, src, ld_src, dst, ld_dst, n_in, c_src, c_dst, next_panel=None
     close()
 
 
+def _if(B, fn, cond, emit_then, name):
+    """if cond: emit_then(), as basic blocks at B."""
+    b = B.b
+    then_bb, done_bb = fn.append_basic_block(f"{name}.then"), fn.append_basic_block(f"{name}.done")
+    b.cbranch(cond, then_bb, done_bb)
+    b.position_at_end(then_bb)
+    emit_then()
+    b.branch(done_bb)
+    b.position_at_end(done_bb)
+
+
+def _panel_store(B, dst):
+    """store(sums, r) into row r of a panel in the scratch (PANEL floats a row)."""
+    def store(sums, r):
+        for v, s in enumerate(sums):
+            B.vstore(s, dst, B.b.mul(r, B.const(PANEL)), v * LANES)
+    return store
+
+
+def _listed_sums(B, src, order, starts, n_dst, store, ahead=None):
+    """For each r < n_dst: store(zero + the src panel rows order[starts[r]:starts[r + 1]],
+    in list order, r); two rows r at a time (four chains of adds in flight). ahead =
+    (ptr, ld, column): prefetch for writing the lines of the row AHEAD rows on there."""
+    b, nv, i64 = B.b, PANEL // LANES, B.i64
+    zero = ir.Constant(B.vec, [0.0] * LANES)
+
+    def at(ptr, k):
+        return b.sext(b.load(b.gep(ptr, [k])), i64)
+
+    def add_listed(accs, e):
+        """accs + the src row order[e]"""
+        base = b.mul(at(order, e), B.const(PANEL))
+        return [b.fadd(accs[v], B.vload(src, base, v * LANES)) for v in range(nv)]
+
+    r, _, close_r = B.loop(B.const(0), n_dst, 2, "r2")
+    r1 = b.add(r, B.const(1))
+    if ahead is not None:
+        for rr in (r, r1):
+            B.prefetch_row_ahead(ahead[0], rr, n_dst, ahead[1], ahead[2])
+    lo0, lo1, hi1 = at(starts, r), at(starts, r1), at(starts, b.add(r, B.const(2)))
+    n0, n1 = b.sub(lo1, lo0), b.sub(hi1, lo1)
+    both = b.select(b.icmp_signed("<", n0, n1), n0, n1)
+    e, accs, close_e = B.loop(B.const(0), both, 1, "both", [zero] * (2 * nv))
+    accs = close_e(add_listed(accs[:nv], b.add(lo0, e)) + add_listed(accs[nv:], b.add(lo1, e)))
+    e, acc0, close_e = B.loop(both, n0, 1, "rest0", accs[:nv])
+    store(close_e(add_listed(acc0, b.add(lo0, e))), r)
+    e, acc1, close_e = B.loop(both, n1, 1, "rest1", accs[nv:])
+    store(close_e(add_listed(acc1, b.add(lo1, e))), r1)
+    close_r()
+    r, _, close_r = B.loop(b.mul(b.sdiv(n_dst, B.const(2)), B.const(2)), n_dst, 1, "last")  # n_dst odd
+    e, acc, close_e = B.loop(at(starts, r), at(starts, b.add(r, B.const(1))), 1, "e", [zero] * nv)
+    store(close_e(add_listed(acc, e)), r)
+    close_r()
+
+
 def _far_or_near(B, fn, far, far_fn, n_in, n, hp, emit):
     """The body of fn, the near or the far variant (emit() writes its panel loop): the
     far variant prefetches ahead, for calls whose rows are many enough that their data
@@ -187,9 +245,9 @@ def _build_gather(mod, far=False, far_fn=None):
     f32p, i32p = ir.FloatType().as_pointer(), ir.IntType(32).as_pointer()
     i64 = ir.IntType(64)
     fn = ir.Function(mod, ir.FunctionType(i64, [f32p, i64, f32p, i64, i32p, i64, i64, i64, i64, f32p,
-                                                i64, f32p, i64, i64]), name=GATHER + "_far" * far)
-    out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in, width = fn.args
-    for p in (out, W, idx, bias, panel):
+                                                i64, f32p, i64, i64, i64, i32p, i32p]), name=GATHER + "_far" * far)
+    out, ldo, W, ldw, idx, lds, n, s, hp, bias, relu, panel, n_in, width, n_t, t_order, t_starts = fn.args
+    for p in (out, W, idx, bias, panel, t_order, t_starts):
         p.add_attribute("noalias")
     B = _Builder(fn)
     b, nv = B.b, PANEL // LANES
@@ -197,9 +255,15 @@ def _build_gather(mod, far=False, far_fn=None):
     zero = ir.Constant(B.vec, [0.0] * LANES)
     relu_on = b.icmp_signed("!=", relu, B.const(0))
 
+    tables = b.icmp_signed(">", n_t, B.const(0))
+    table = b.gep(panel, [b.mul(n_in, B.const(PANEL))])  # the table panel, after W's
+    src = b.select(tables, table, panel)                   # the rows the batch sums
+
     def emit():
         c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
         _copy_panel(B, W, ldw, panel, B.const(PANEL), n_in, c, 0, _next_column(B, c, hp) if far else None)
+        _if(B, fn, tables, lambda: _listed_sums(B, panel, t_order, t_starts, n_t, _panel_store(B, table)),
+            "table")
         init = [B.vload(bias, c, v * LANES) for v in range(nv)]
 
         def rows_from(start, rp):
@@ -214,7 +278,7 @@ def _build_gather(mod, far=False, far_fn=None):
             for r in range(rp):
                 row = b.sext(b.load(b.gep(idx, [b.add(b.mul(b.add(i, B.const(r)), lds), k)])), i64)
                 base = b.mul(row, B.const(PANEL))
-                new += [b.fadd(accs[r * nv + v], B.vload(panel, base, v * LANES)) for v in range(nv)]
+                new += [b.fadd(accs[r * nv + v], B.vload(src, base, v * LANES)) for v in range(nv)]
             sums = close_k(new)
             for r in range(rp):
                 obase = b.mul(b.add(i, B.const(r)), ldo)
@@ -245,15 +309,6 @@ def _build_scatter(mod, far=False, far_fn=None):
     _return_unless_width(B, fn, width)
     zero = ir.Constant(B.vec, [0.0] * LANES)
 
-    def at(ptr, k):
-        return b.sext(b.load(b.gep(ptr, [k])), i64)
-
-    def add_listed(accs, e):
-        """accs + the copied dout row order[e]"""
-        base = b.mul(at(order, e), B.const(PANEL))
-        return [b.fadd(accs[v], B.vload(panel, base, v * LANES)) for v in range(nv)]
-
-
     def emit():
         c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
         _copy_panel(B, dout, ldd, panel, B.const(PANEL), n, c, 0, _next_column(B, c, hp) if far else None)
@@ -266,26 +321,8 @@ def _build_scatter(mod, far=False, far_fn=None):
             for v in range(nv):
                 B.vstore(sums[v], dW, b.mul(r, ldw), c, v * LANES)
 
-        # W1 rows two at a time (four chains of adds in flight), each summing its own list in order
-        r, _, close_r = B.loop(B.const(0), n_in, 2, "r2")
-        r1 = b.add(r, B.const(1))
-        if far:
-            for rr in (r, r1):
-                B.prefetch_row_ahead(dW, rr, n_in, ldw, c)
-        lo0, lo1, hi1 = at(starts, r), at(starts, r1), at(starts, b.add(r, B.const(2)))
-        n0, n1 = b.sub(lo1, lo0), b.sub(hi1, lo1)
-        both = b.select(b.icmp_signed("<", n0, n1), n0, n1)
-        e, accs, close_e = B.loop(B.const(0), both, 1, "both", [zero] * (2 * nv))
-        accs = close_e(add_listed(accs[:nv], b.add(lo0, e)) + add_listed(accs[nv:], b.add(lo1, e)))
-        e, acc0, close_e = B.loop(both, n0, 1, "rest0", accs[:nv])
-        store(close_e(add_listed(acc0, b.add(lo0, e))), r)
-        e, acc1, close_e = B.loop(both, n1, 1, "rest1", accs[nv:])
-        store(close_e(add_listed(acc1, b.add(lo1, e))), r1)
-        close_r()
-        r, _, close_r = B.loop(b.mul(b.sdiv(n_in, B.const(2)), B.const(2)), n_in, 1, "last")  # n_in odd
-        e, acc, close_e = B.loop(at(starts, r), at(starts, b.add(r, B.const(1))), 1, "e", [zero] * nv)
-        store(close_e(add_listed(acc, e)), r)
-        close_r()
+        # W1 rows two at a time, each summing its own list of dout rows in order
+        _listed_sums(B, panel, order, starts, n_in, store, (dW, ldw, c) if far else None)
         close_c()
 
     _far_or_near(B, fn, far, far_fn, n_in, n, hp, emit)
@@ -311,17 +348,35 @@ def _make_fallbacks():
         """The flat buffer behind `rows` rows of `width` values, `ld` apart, at p."""
         return carray(p, (rows - 1) * ld + width if rows > 0 else 0)
 
+    @njit(cache=True)
+    def listed_sums(src, ld_src, order_p, starts_p, n_dst, dst, ld_dst, hp):
+        """dst row r = zero + src's rows order[starts[r]:starts[r + 1]], in order."""
+        starts = carray(starts_p, n_dst + 1)
+        order = carray(order_p, starts[n_dst])
+        for r in range(n_dst):
+            for j in range(hp):
+                v = np.float32(0)
+                for e in range(starts[r], starts[r + 1]):
+                    v += src[order[e] * ld_src + j]
+                dst[r * ld_dst + j] = v
+
     @cfunc(GATHER_SIG, cache=True, nopython=True)
-    def gather_loops(out_p, ldo, w_p, ldw, idx_p, lds, n, s, hp, bias_p, relu, panel_p, n_in, width):
+    def gather_loops(out_p, ldo, w_p, ldw, idx_p, lds, n, s, hp, bias_p, relu, panel_p, n_in, width, n_t, to_p,
+                     ts_p):
         if width != PANEL:
             return 0
         out, w, idx = rows_of(out_p, n, ldo, hp), rows_of(w_p, n_in, ldw, hp), rows_of(idx_p, n, lds, s)
         bias = carray(bias_p, hp)
+        ld = ldw
+        if n_t > 0:  # the table rows, then the batch rows sum those
+            table = np.empty(n_t * hp, np.float32)
+            listed_sums(w, ldw, to_p, ts_p, n_t, table, hp, hp)
+            w, ld = table, hp
         for i in range(n):
             for j in range(hp):
                 v = bias[j]
                 for k in range(s):
-                    v += w[idx[i * lds + k] * ldw + j]
+                    v += w[idx[i * lds + k] * ld + j]
                 out[i * ldo + j] = 0 if (relu != 0 and v < 0) else v
         return hp
 
@@ -330,19 +385,13 @@ def _make_fallbacks():
         if width != PANEL:
             return 0
         dout, dw = rows_of(dout_p, n, ldd, hp), rows_of(dw_p, n_in, ldw, hp)
-        starts = carray(starts_p, n_in + 1)
-        order, db = carray(order_p, starts[n_in]), carray(db_p, hp)
+        db = carray(db_p, hp)
         for j in range(hp):
             db[j] = 0
         for i in range(n):
             for j in range(hp):
                 db[j] += dout[i * ldd + j]
-        for r in range(n_in):
-            for j in range(hp):
-                v = np.float32(0)
-                for e in range(starts[r], starts[r + 1]):
-                    v += dout[order[e] * ldd + j]
-                dw[r * ldw + j] = v
+        listed_sums(dout, ldd, order_p, starts_p, n_in, dw, ldw, hp)
         return hp
 
     return gather_loops, scatter_loops

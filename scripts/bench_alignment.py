@@ -22,7 +22,7 @@ from numba import njit
 
 from cubedqn import panels
 from cubedqn.blas import BACKEND, gemm
-from cubedqn.nn import ALIGN, panel_scratch_size, sparse_backward_panels, sparse_forward_panels
+from cubedqn.nn import ALIGN, NO_GROUPS, panel_scratch_size, sparse_backward_panels, sparse_forward_panels
 from cubedqn.threads import limit_threads
 
 SHAPES = {"cube2 144x256": (144, 24, 256, (64, 128)), "cube3 324x1024": (324, 54, 1024, (256, 512))}
@@ -96,9 +96,9 @@ def main():
                     o_rest = 0 if moved == "panel scratch" else off
                     W, b = placed((n_in, h), o_rest, rng), placed((h,), o_rest, rng)
                     out, dout = placed((n, h), o_rest), placed((n, h), o_rest, rng)
-                    dW, db, panel = placed((n_in, h), o_rest), placed((h,), o_rest), placed((panel_scratch_size(n_in, n, s, h),), o_panel)
-                    cases[off] = (lambda idx=idx, W=W, b=b, out=out, panel=panel: sparse_forward_panels(idx, W, b, out, True, panel),
-                                  lambda idx=idx, dout=dout, dW=dW, db=db, panel=panel: sparse_backward_panels(idx, dout, dW, db, panel),
+                    dW, db, panel = placed((n_in, h), o_rest), placed((h,), o_rest), placed((panel_scratch_size(n_in, n, s, h, 0, 0),), o_panel)
+                    cases[off] = (lambda idx=idx, W=W, b=b, out=out, panel=panel: sparse_forward_panels(idx, W, b, out, True, panel, NO_GROUPS),
+                                  lambda idx=idx, dout=dout, dW=dW, db=db, panel=panel: sparse_backward_panels(idx, dout, dW, db, panel, NO_GROUPS),
                                   reps)
                 compare(f"{name} first layer, {n} rows, {moved} moved:", cases, args.rounds)
     for m, k, n in ((64, 256, 256), (128, 256, 256)):

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from cubedqn import panels
-from cubedqn.nn import (aligned_zeros, panel_scratch_size, sparse_backward, sparse_backward_panels, sparse_forward,
+from cubedqn.nn import (NO_GROUPS, aligned_zeros, panel_scratch_size, sparse_backward, sparse_backward_panels, sparse_forward,
                         sparse_forward_panels)
 from cubedqn.threads import limit_threads
 
@@ -42,16 +42,16 @@ def main():
         W, b = aligned_zeros((n_in, h), np.float32), aligned_zeros(h, np.float32)
         W[:], b[:] = rng.standard_normal((n_in, h)), rng.standard_normal(h)
         for bsz in (int(x) for x in args.batches.split(",")):
-            panel = aligned_zeros(panel_scratch_size(n_in, bsz, s, h), np.float32)
+            panel = aligned_zeros(panel_scratch_size(n_in, bsz, s, h, 0, 0), np.float32)
             idx = aligned_zeros((bsz, s), np.int32)
             idx[:] = np.arange(s)[None, :] * (n_in // s) + rng.integers(0, n_in // s, (bsz, s))
             dout, out = aligned_zeros((bsz, h), np.float32), aligned_zeros((bsz, h), np.float32)
             dout[:] = rng.standard_normal((bsz, h))
             dW, db = aligned_zeros((n_in, h), np.float32), aligned_zeros(h, np.float32)
             calls = {"rows fwd": lambda: sparse_forward(idx, W, b, out, True),
-                     "panels fwd": lambda: sparse_forward_panels(idx, W, b, out, True, panel),
+                     "panels fwd": lambda: sparse_forward_panels(idx, W, b, out, True, panel, NO_GROUPS),
                      "rows bwd": lambda: sparse_backward(idx, dout, dW, db),
-                     "panels bwd": lambda: sparse_backward_panels(idx, dout, dW, db, panel)}
+                     "panels bwd": lambda: sparse_backward_panels(idx, dout, dW, db, panel, NO_GROUPS)}
             inner = max(1, 20000 // (bsz * s))
             times = {k: [] for k in calls}
             for f in calls.values():

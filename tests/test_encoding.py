@@ -252,3 +252,71 @@ def test_frame_is_the_smallest_image_with_dbl_home_first_view_on_ties(symmetry):
         assert frame[i] == best[1] and tuple(codes[i]) == best[0]
     from cubedqn.encoding import corner_tables
     assert len(corner_tables.signatures) == 1  # one compile: each a few seconds of a cold start
+
+
+def _scrambles(p, n, seed):
+    rng = np.random.default_rng(seed)
+    return np.stack([apply_moves(p, p.solved, list(rng.integers(0, 18, int(rng.integers(0, 25)))))
+                     for _ in range(n)])
+
+
+@pytest.mark.parametrize("name,canonical,symmetry", [("cube3", False, 1), ("cube2", True, 1), ("cube2", False, 1),
+                                                     ("cube2", True, 48)])
+def test_cubie_tables_list_every_state_the_encoder_writes(name, canonical, symmetry):
+    """The first layer's tables (InputGroups) hold every value a cubie's stickers take in
+    encoded states (in frames and symmetric views too); stickers that are no state of the
+    puzzle are not listed (those calls sum W1 rows)."""
+    from cubedqn.nn import Workspace, _table_codes
+    p = get_puzzle(name)
+    enc = Encoder(p, 12, canonical=canonical, symmetry=symmetry)
+    groups = enc.input_groups
+    assert groups.n_groups == {"cube3": 26, "cube2": 8}[name]
+    assert groups.n_tables == {"cube3": 6 * 6 + 8 * 24 + 12 * 24, "cube2": 8 * 24}[name]
+    layout = Layout(enc.in_dim, enc.n_active, (32,), 12)
+    ws = Workspace(layout, 300)
+    states = _scrambles(p, 300, 1)
+    enc.encode(states, ws, 0, np.zeros(300, np.int64))
+    codes = np.zeros((300, groups.n_groups), np.int32)
+    assert _table_codes(ws.idx, groups.tables, codes)
+    t_order, t_starts = groups.tables[4], groups.tables[5]
+    for i in (0, 7, 299):  # a row's table rows hold exactly its W1 rows
+        rows = sorted(int(r) for t in codes[i] for r in t_order[t_starts[t]:t_starts[t + 1]])
+        assert rows == sorted(ws.idx[i].tolist())
+    ws.idx[5, :] = np.arange(enc.n_active) * 6  # every sticker colour 0: no state
+    assert not _table_codes(ws.idx, groups.tables, codes)
+
+
+def test_network_with_cubie_tables_sums_the_tables_and_agrees_with_stickers():
+    """A workspace whose rows pay for the tables: its first layer is the sequential sums
+    of table rows (each the sum of its W1 rows) bit for bit, the Q-values agree with the
+    sticker sums to float32 rounding; a batch with stickers of no state sums W1 rows."""
+    from cubedqn.nn import Workspace, _table_codes
+    p = get_puzzle("cube3")
+    enc = Encoder(p, 12, canonical=False)
+    layout = Layout(enc.in_dim, enc.n_active, (64, 32), 12)
+    net = MLP(layout, seed=4)
+    rows = 320
+    tabled, plain = Workspace(layout, rows, groups=enc.input_groups), Workspace(layout, rows)
+    assert tabled.groups[5].size - 1 == enc.input_groups.n_tables and plain.groups[5].size == 1
+    assert Workspace(layout, 256, groups=enc.input_groups).groups[5].size == 1  # too few rows to pay
+    states = _scrambles(p, rows, 2)
+    for ws in (tabled, plain):
+        enc.encode(states, ws, 0, np.zeros(rows, np.int64))
+    q_t, q_p = net.forward_ws(tabled, rows).copy(), net.forward_ws(plain, rows).copy()
+    np.testing.assert_allclose(q_t, q_p, rtol=1e-4, atol=1e-4)
+    codes = np.zeros((rows, 26), np.int32)
+    assert _table_codes(tabled.idx, enc.input_groups.tables, codes)
+    t_order, t_starts = enc.input_groups.tables[4], enc.input_groups.tables[5]
+    W, b = net.Ws[0], net.bs[0]
+    table = np.zeros((len(t_starts) - 1, W.shape[1]), np.float32)
+    for t in range(len(table)):
+        for r in t_order[t_starts[t]:t_starts[t + 1]]:
+            table[t] += W[r]
+    want = np.repeat(b[None], rows, 0)
+    for k in range(codes.shape[1]):
+        want += table[codes[:, k]]
+    np.testing.assert_array_equal(tabled.acts[0][:rows], np.maximum(want, 0))
+    assert not np.array_equal(tabled.acts[0][:rows], plain.acts[0][:rows])  # another order of adds
+    tabled.idx[3] = np.arange(54) * 6  # no state: the whole call sums W1 rows, as the plain one
+    plain.idx[3] = tabled.idx[3]
+    np.testing.assert_array_equal(net.forward_ws(tabled, rows), net.forward_ws(plain, rows))

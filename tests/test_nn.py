@@ -5,7 +5,7 @@ import pytest
 
 from cubedqn import reference as ref
 from cubedqn.cube import encode_index, encode_onehot
-from cubedqn.nn import ALIGN, LOSSES, MLP, Layout, aligned_zeros, loss_full, loss_taken, views
+from cubedqn.nn import ALIGN, LOSSES, MLP, NO_GROUPS, Layout, aligned_zeros, loss_full, loss_taken, views
 from cubedqn.optim import Optimizer, sq_norm
 from blas_rows import same
 
@@ -48,7 +48,7 @@ def engine_loss_and_grad(net, states, kind, targets, actions=None, weights=None)
     grad = np.zeros_like(net.params)
     gW, gb = views(grad, net.layout)
     mlp_backward_upper(net.Ws, ws.acts, ws.deltas, gW, gb, n)
-    mlp_backward_first(ws.idx, ws.x, net.sparse, net.Ws, ws.deltas, gW, gb, n, ws.panel)
+    mlp_backward_first(ws.idx, ws.x, net.sparse, net.Ws, ws.deltas, gW, gb, n, ws.panel, ws.groups)
     return loss, grad, q.copy()
 
 
@@ -331,13 +331,13 @@ def check_panel_kernels_against_sequential_sums(n_in, s, h, rows, relu, constant
     from cubedqn.nn import panel_scratch_size, sparse_backward_panels, sparse_forward_panels
     W, b, case_idx, dout = first_layer_case(n_in + h + rows, n_in, s, h, rows, constant)
     idx = case_idx if idx is None else idx
-    panel = np.zeros(panel_scratch_size(n_in, rows, s, h), np.float32)
+    panel = np.zeros(panel_scratch_size(n_in, rows, s, h, 0, 0), np.float32)
     out = np.full((rows, h), np.nan, np.float32)
-    sparse_forward_panels(idx, W, b, out, relu, panel)
+    sparse_forward_panels(idx, W, b, out, relu, panel, NO_GROUPS)
     np.testing.assert_array_equal(out, sequential_gather(idx, W, b, relu))
     dW = np.full((n_in, h), np.nan, np.float32)
     db = np.full(h, np.nan, np.float32)
-    sparse_backward_panels(idx, dout, dW, db, panel)
+    sparse_backward_panels(idx, dout, dW, db, panel, NO_GROUPS)
     dW_ref, db_ref = sequential_scatter(idx, dout, n_in)
     np.testing.assert_array_equal(dW, dW_ref)
     np.testing.assert_array_equal(db, db_ref)
@@ -375,12 +375,13 @@ def test_constant_columns_are_folded_into_the_bias_with_the_same_bits(n_in, s, h
     listed first by encode_index) are added to the bias once, in column order: the same
     sequential sums bit for bit, forward and backward (their dW rows are db's sum). All
     columns constant (one row too), the far variant, a tail past the last panel."""
-    from cubedqn.nn import _constant_prefix, _fold_constant_columns, panel_scratch_size
+    from cubedqn.nn import NO_GROUPS, _constant_prefix, _fold_constant_columns, _lists_end, panel_scratch_size
     W, b, idx, _ = check_panel_kernels_against_sequential_sums(n_in, s, h, rows, True, constant)
     folded = s if rows == 1 else constant
     assert _constant_prefix(idx) == folded
-    f, c = _fold_constant_columns(idx, W, b, h // 32 * 32, np.zeros(panel_scratch_size(n_in, rows, s, h),
-                                                                      np.float32))
+    f, c = _fold_constant_columns(idx, W, b, h // 32 * 32, np.zeros(panel_scratch_size(n_in, rows, s, h, 0, 0),
+                                                                      np.float32), _lists_end(n_in, rows, s, 0, 0),
+                                  False, NO_GROUPS)
     assert f == folded and (f == 0 or not np.shares_memory(c, b))
 
 
@@ -414,23 +415,23 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
     wide_out = np.zeros((rows, h + 8), np.float32)
     idx_wide = np.zeros((rows, s + 3), np.int32)
     idx_wide[:, :s] = idx
-    scratch = np.zeros(panel_scratch_size(n_in, rows, s, h), np.float32)
-    sparse_forward_panels(idx_wide[:, :s], wide_W[:, :h], b, wide_out[:, :h], True, scratch)
+    scratch = np.zeros(panel_scratch_size(n_in, rows, s, h, 0, 0), np.float32)
+    sparse_forward_panels(idx_wide[:, :s], wide_W[:, :h], b, wide_out[:, :h], True, scratch, NO_GROUPS)
     np.testing.assert_array_equal(wide_out[:, :h], want)
     dW = np.full((n_in, h + 16), np.nan, np.float32)
     db = np.zeros(h, np.float32)
-    sparse_backward_panels(idx, dout, dW[:, :h], db, scratch)
+    sparse_backward_panels(idx, dout, dW[:, :h], db, scratch, NO_GROUPS)
     np.testing.assert_array_equal(dW[:, :h], dW_want)
     assert np.isnan(dW[:, h:]).all()
     np.testing.assert_array_equal(db, db_want)
     # too small a scratch (for the gather; for the scatter's lists only: the gather still
     # runs panels), float64, H < PANEL
-    full, lists = panel_scratch_size(n_in, rows, s, h), _lists_end(n_in, rows, s)
+    full, lists = panel_scratch_size(n_in, rows, s, h, 0, 0), _lists_end(n_in, rows, s, 0, 0)
     for dtype, width, panel_size in ((np.float32, h, n_in * PANEL - 1), (np.float32, h, lists - 16),
                                      (np.float64, h, full), (np.float32, PANEL // 2, full)):
         Wd, bd, dd = W[:, :width].astype(dtype), b[:width].astype(dtype), dout[:, :width].astype(dtype)
         got, want = np.zeros((rows, width), dtype), np.zeros((rows, width), dtype)
-        sparse_forward_panels(idx, Wd, bd, got, True, np.zeros(panel_size, dtype))
+        sparse_forward_panels(idx, Wd, bd, got, True, np.zeros(panel_size, dtype), NO_GROUPS)
         sparse_forward(idx, Wd, bd, want, True)
         if panel_size == lists - 16:
             want = sequential_gather(idx, Wd, bd, True)
@@ -438,7 +439,7 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
         np.testing.assert_array_equal(got, want)
         got_dW, got_db = np.full((n_in, width), np.nan, dtype), np.full(width, np.nan, dtype)
         want_dW, want_db = np.zeros((n_in, width), dtype), np.zeros(width, dtype)
-        sparse_backward_panels(idx, dd, got_dW, got_db, np.zeros(panel_size, dtype))
+        sparse_backward_panels(idx, dd, got_dW, got_db, np.zeros(panel_size, dtype), NO_GROUPS)
         sparse_backward(idx, dd, want_dW, want_db)
         np.testing.assert_array_equal(got_dW, want_dW)
         np.testing.assert_array_equal(got_db, want_db)
@@ -450,7 +451,7 @@ def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
     from cubedqn.nn import Workspace, mlp_backward_first, mlp_backward_upper, panel_scratch_size
     from cubedqn.panels import PANEL
     cube3 = Layout(in_dim=324, n_active=54, hidden=(64, 32), n_actions=12)
-    assert Workspace(cube3, 48).panel.size == panel_scratch_size(324, 48, 54, 64) >= 324 * PANEL + 48 * 54 + 64
+    assert Workspace(cube3, 48).panel.size == panel_scratch_size(324, 48, 54, 64, 0, 0) >= 324 * PANEL + 48 * 54 + 64
     assert Workspace(cube3, 47).panel.size == 0      # too few rows to pay for copying W1
     assert Workspace(cube3, 48, np.float64).panel.size == 0
     assert Workspace(cube3, 48, dense_input=True).panel.size == 0
@@ -472,7 +473,7 @@ def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
         grad = np.zeros_like(net.params)
         gW, gb = views(grad, cube3)
         mlp_backward_upper(net.Ws, ws.acts, ws.deltas, gW, gb, rows)
-        mlp_backward_first(ws.idx, ws.x, True, net.Ws, ws.deltas, gW, gb, rows, ws.panel)
+        mlp_backward_first(ws.idx, ws.x, True, net.Ws, ws.deltas, gW, gb, rows, ws.panel, ws.groups)
         results.append((q, grad))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
     ws = net.workspace(rows)
@@ -509,14 +510,16 @@ def test_network_buffers_are_aligned_and_loaded_parameters_are_copied():
 
 def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
     """panels.py binds plain Numba loops instead of the IR where LLVM cannot compile it;
-    both compute the same sums in the same order. Called here through their addresses."""
+    both compute the same sums in the same order (the gather with tables, InputGroups, and
+    without). Called here through their addresses."""
     import ctypes
 
     from cubedqn import panels
     assert panels.AVAILABLE, panels.PROBLEM
     gather_loops, scatter_loops = panels._make_fallbacks()
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    gproto = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64)
+    gproto = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64, i64, ptr,
+                              ptr)
     sproto = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, ptr, i64, i64, ptr, ptr, i64, i64)
     import llvmlite.binding as llb
 
@@ -527,31 +530,48 @@ def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
     n_in, s, h, rows = 61, 10, 64, 9
     W, b, idx, dout = first_layer_case(11, n_in, s, h, rows)
     idx[0, 1] = idx[0, 0]  # a batch row that hits one W1 row twice adds its gradient twice
-    panel = np.zeros(n_in * panels.PANEL, np.float32)
+    panel = np.zeros((n_in + 23) * panels.PANEL, np.float32)
     order, starts, cursor = np.zeros(rows * s, np.int32), np.zeros(n_in + 1, np.int32), np.zeros(n_in, np.int32)
     _rows_by_w1_row(idx, n_in, order, starts, cursor)
     assert starts[-1] == rows * s and starts[-2] == starts[-1]
-    outs, grads = [], []
-    for g, sc in ((ir_gather, ir_scatter), (gproto(gather_loops.address), sproto(scatter_loops.address))):
-        out = np.full((rows, h), np.nan, np.float32)
+    # 23 table rows (an odd count) of 1-3 W1 rows each, one listing a row twice; 4 a batch row
+    rng = np.random.default_rng(12)
+    members = [list(rng.integers(0, n_in, 1 + t % 3)) for t in range(23)]
+    members[4] = [7, 7]
+    t_order = np.array([r for m in members for r in m], np.int32)
+    t_starts = np.cumsum([0] + [len(m) for m in members]).astype(np.int32)
+    codes = rng.integers(0, 23, (rows, 4)).astype(np.int32)
+    table = np.zeros((23, h), np.float32)  # the sums the tables stand for: from zero, in list order
+    for t, m in enumerate(members):
+        for r in m:
+            table[t] += W[r]
+    for n_t, rows_idx, want in ((0, idx, sequential_gather(idx, W, b, True)),
+                                (23, codes, sequential_gather(codes, table, b, True))):
+        outs = []
+        for g in (ir_gather, gproto(gather_loops.address)):
+            out = np.full((rows, h), np.nan, np.float32)
+            k = rows_idx.shape[1]
+            args = [out.ctypes.data, h, W.ctypes.data, h, rows_idx.ctypes.data, k, rows, k, h, b.ctypes.data, 1,
+                    panel.ctypes.data, n_in]
+            tables = [n_t, t_order.ctypes.data, t_starts.ctypes.data]
+            # a caller compiled with another panel width gets 0 columns done and nothing written
+            assert g(*args, panels.PANEL // 2, *tables) == 0 and np.isnan(out).all()
+            assert g(*args, panels.PANEL, *tables) == h
+            outs.append(out)
+        np.testing.assert_array_equal(outs[0], outs[1])
+        np.testing.assert_array_equal(outs[0], want)
+    grads = []
+    for sc in (ir_scatter, sproto(scatter_loops.address)):
         dW, db = np.full((n_in, h), np.nan, np.float32), np.full(h, np.nan, np.float32)
-        gargs = [out.ctypes.data, h, W.ctypes.data, h, idx.ctypes.data, s, rows, s, h, b.ctypes.data, 1,
-                 panel.ctypes.data, n_in]
-        sargs = [dout.ctypes.data, h, dW.ctypes.data, h, order.ctypes.data, starts.ctypes.data, rows, h,
-                 db.ctypes.data, panel.ctypes.data, n_in]
-        # a caller compiled with another panel width gets 0 columns done and nothing written
-        assert g(*gargs, panels.PANEL // 2) == 0 and sc(*sargs, panels.PANEL * 2) == 0
-        assert np.isnan(out).all() and np.isnan(dW).all() and np.isnan(db).all()
-        assert g(*gargs, panels.PANEL) == h and sc(*sargs, panels.PANEL) == h
-        outs.append(out)
+        args = [dout.ctypes.data, h, dW.ctypes.data, h, order.ctypes.data, starts.ctypes.data, rows, h,
+                db.ctypes.data, panel.ctypes.data, n_in]
+        assert sc(*args, panels.PANEL * 2) == 0 and np.isnan(dW).all() and np.isnan(db).all()
+        assert sc(*args, panels.PANEL) == h
         grads.append((dW, db))
-    np.testing.assert_array_equal(outs[0], outs[1])
-    np.testing.assert_array_equal(grads[0][0], grads[1][0])
-    np.testing.assert_array_equal(grads[0][1], grads[1][1])
-    np.testing.assert_array_equal(outs[0], sequential_gather(idx, W, b, True))
     dW_ref, db_ref = sequential_scatter(idx, dout, n_in)
-    np.testing.assert_array_equal(grads[0][0], dW_ref)
-    np.testing.assert_array_equal(grads[0][1], db_ref)
+    for dW, db in grads:
+        np.testing.assert_array_equal(dW, dW_ref)
+        np.testing.assert_array_equal(db, db_ref)
 
 
 def test_panels_fall_back_to_plain_loops_when_the_ir_does_not_compile():
@@ -569,12 +589,12 @@ engine, problem = p._bind()
 assert engine is None and problem == "RuntimeError: no target", problem
 import llvmlite.binding as llb
 assert llb.address_of_symbol(p.GATHER) == p._FALLBACKS[0].address
-from cubedqn.nn import sparse_forward_panels
+from cubedqn.nn import NO_GROUPS, sparse_forward_panels
 rng = np.random.default_rng(0)
 W = rng.standard_normal((30, 64)).astype(np.float32); b = rng.standard_normal(64).astype(np.float32)
 idx = (np.arange(5)[None, :] * 6 + rng.integers(0, 6, (7, 5))).astype(np.int32)
 out = np.zeros((7, 64), np.float32)
-sparse_forward_panels(idx, W, b, out, False, np.zeros(30 * p.PANEL, np.float32))
+sparse_forward_panels(idx, W, b, out, False, np.zeros(30 * p.PANEL, np.float32), NO_GROUPS)
 want = b.copy()[None].repeat(7, 0)
 for k in range(5):
     want += W[idx[:, k]]
@@ -591,14 +611,14 @@ import numpy as np
 import llvmlite.binding as llb
 import cubedqn.panels as p
 i64, ptr = ctypes.c_int64, ctypes.c_void_p
-gather = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64)(
+gather = ctypes.CFUNCTYPE(i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, ptr, i64, ptr, i64, i64, i64, ptr, ptr)(
     llb.address_of_symbol(p.GATHER))
 rng = np.random.default_rng(3)
 W = rng.standard_normal((30, 64)).astype(np.float32); b = rng.standard_normal(64).astype(np.float32)
 idx = (np.arange(5)[None, :] * 6 + rng.integers(0, 6, (7, 5))).astype(np.int32)
 out, panel = np.zeros((7, 64), np.float32), np.zeros(30 * p.PANEL, np.float32)
 assert gather(out.ctypes.data, 64, W.ctypes.data, 64, idx.ctypes.data, 5, 7, 5, 64, b.ctypes.data, 0,
-              panel.ctypes.data, 30, p.PANEL) == 64
+              panel.ctypes.data, 30, p.PANEL, 0, None, None) == 64
 want = b.copy()[None].repeat(7, 0)
 for k in range(5):
     want += W[idx[:, k]]
