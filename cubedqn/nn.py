@@ -218,7 +218,7 @@ class Workspace:
         # and chunked policies rely on that, bitwise).
         panel = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
                  and layout.widths[1] % panels.PANEL == 0 and rows * layout.n_active >= 8 * layout.in_dim)
-        # Tables (InputGroups) where the workspace's rows save more sums than building them costs
+        # the gather's tables (InputGroups) where the workspace's rows pay for building them
         tabled = panel and groups is not None and groups.pays(rows, layout)
         self.groups = groups.tables if tabled else NO_GROUPS
         n_t, n_g = (groups.n_tables, groups.n_groups) if tabled else (0, 0)
@@ -314,11 +314,10 @@ def _lists_start(in_dim, rows, n_tables):
 @njit(cache=True, nogil=True)
 def _lists_end(in_dim, rows, n_active, n_tables, n_groups):
     """Where the panel scratch's lists end (float32 elements, rounded up to 16): from
-    _lists_start, as int32, the scatter's lists of batch rows per W1 (or table) row (rows *
-    n_active entries, m + 1 starts, m = max(in_dim, n_tables)), m cursors for building
-    them, and the batch's table rows (rows * n_groups)."""
-    m = max(in_dim, n_tables)
-    n = _lists_start(in_dim, rows, n_tables) + rows * n_active + 2 * m + 1 + rows * n_groups
+    _lists_start, as int32, the scatter's lists of batch rows per W1 row (rows * n_active
+    entries, in_dim + 1 starts), in_dim cursors for building them, and the gather's table
+    rows of the batch (rows * n_groups)."""
+    n = _lists_start(in_dim, rows, n_tables) + rows * n_active + 2 * in_dim + 1 + rows * n_groups
     return -(-n // 16) * 16
 
 
@@ -333,10 +332,9 @@ def panel_scratch_size(in_dim, rows, n_active, hidden, n_tables, n_groups):
 @njit(cache=True, nogil=True)
 def _list_views(panel, in_dim, rows, n_active, n_tables, n_groups):
     """(order, starts, cursor, codes) in the scratch (see _lists_end); codes is (rows, n_groups)."""
-    m = max(in_dim, n_tables)
     ints = panel[_lists_start(in_dim, rows, n_tables):_lists_end(in_dim, rows, n_active, n_tables, n_groups)]
     ints = ints.view(np.int32)
-    k = rows * n_active
+    k, m = rows * n_active, in_dim
     codes = ints[k + 2 * m + 1:k + 2 * m + 1 + rows * n_groups]
     return ints[:k], ints[k:k + m + 1], ints[k + m + 1:k + 2 * m + 1], codes.reshape((rows, n_groups))
 

@@ -37,6 +37,12 @@ us, the online one 1,088-1,360 -> 851-889 and the scatter 624-717 -> 435-480. Sm
 keep the plain loops: hot in L2 the hints cost the 2x2x2's 64- and 128-row scatter 10%
 (the gather 1-3%) and gained nothing in its step.
 
+Tables: given n_t table rows (nn.InputGroups: one per joint value of a cubie's stickers,
+each the sum of its W1 rows), the gather builds them per panel from W's copied panel
+into the scratch after it (zero, then the listed W rows in order), and idx then lists
+table rows: a 3x3x3 row sums 26 of them instead of 54 W1 rows. The scatter has no
+tables (through them it was no faster in a training step, README).
+
 Summation order per output element: bias, then the stickers in index order, one add
 each: a row's result does not depend on the other rows of the batch (the target cache
 relies on that), and equals a plain sequential float32 sum. The scatter's: zero, then
