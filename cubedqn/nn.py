@@ -179,12 +179,12 @@ class InputGroups:
 
     def pays(self, rows: int, layout: Layout) -> bool:
         """Whether a workspace of `rows` rows takes the tables: the sums they save per call
-        (rows x (columns - groups)) at least 5x what building them costs (a load per member,
-        a store per table row). Measured in a cube3 training step (Zen 4, README): the
-        online forward's 512 rows ran 20% faster, the target's 256 and the backward's
-        (W1 through tables) no faster; 5x takes the first and not the others."""
+        (rows x (columns - groups)) at least 3x what building them costs (a load per member,
+        a store per table row). Measured alone (Zen 4, README): the 3x3x3's 256 rows ran
+        20% faster hot and 12% from memory, the 2x2x2's 128 rows no faster; 3x takes the
+        first and not the second."""
         return (layout.in_dim == self.in_dim and
-                rows * (layout.n_active - self.n_groups) >= 5 * (self.n_members + self.n_tables))
+                rows * (layout.n_active - self.n_groups) >= 3 * (self.n_members + self.n_tables))
 
 
 # no tables (InputGroups.tables' types, empty)

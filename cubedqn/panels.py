@@ -74,6 +74,7 @@ ROWS = 2            # batch rows summed at once
 # cost more than they save where the data is in L2.
 FAR_FLOATS = 1 << 17
 AHEAD = 8           # rows ahead of the one being written whose lines are prefetched
+TABLE_UNROLLED = 3  # table rows of up to this many W rows are summed without a loop
 GATHER, SCATTER = "cubedqn_panel_gather", "cubedqn_panel_scatter_by_row"
 
 _f32p, _i32p, _i64 = types.CPointer(types.float32), types.CPointer(types.int32), types.int64
@@ -168,14 +169,6 @@ def _if(B, fn, cond, emit_then, name):
     b.position_at_end(done_bb)
 
 
-def _panel_store(B, dst):
-    """store(sums, r) into row r of a panel in the scratch (PANEL floats a row)."""
-    def store(sums, r):
-        for v, s in enumerate(sums):
-            B.vstore(s, dst, B.b.mul(r, B.const(PANEL)), v * LANES)
-    return store
-
-
 def _listed_sums(B, src, order, starts, n_dst, store, ahead=None):
     """For each r < n_dst: store(zero + the src panel rows order[starts[r]:starts[r + 1]],
     in list order, r); two rows r at a time (four chains of adds in flight). ahead =
@@ -210,6 +203,48 @@ def _listed_sums(B, src, order, starts, n_dst, store, ahead=None):
     e, acc, close_e = B.loop(at(starts, r), at(starts, b.add(r, B.const(1))), 1, "e", [zero] * nv)
     store(close_e(add_listed(acc, e)), r)
     close_r()
+
+
+def _table_rows(B, fn, src, order, starts, n_dst, dst):
+    """dst row t = zero + the src panel rows order[starts[t]:starts[t + 1]], in order, for
+    t < n_dst, as _listed_sums; one row at a time, lists of 1 to TABLE_UNROLLED rows (a
+    cubie's stickers) without a loop: the length is the same over long runs of rows, so
+    the branch on it predicts, where the pairs' loops of 1 to 3 trips did not."""
+    b, nv, i64 = B.b, PANEL // LANES, B.i64
+    zero = ir.Constant(B.vec, [0.0] * LANES)
+
+    def at(ptr, k):
+        return b.sext(b.load(b.gep(ptr, [k])), i64)
+
+    def add_row(accs, e):
+        base = b.mul(at(order, e), B.const(PANEL))
+        return [b.fadd(accs[v], B.vload(src, base, v * LANES)) for v in range(nv)]
+
+    def put(accs, t):
+        for v in range(nv):
+            B.vstore(accs[v], dst, b.mul(t, B.const(PANEL)), v * LANES)
+
+    t, _, close_t = B.loop(B.const(0), n_dst, 1, "t")
+    lo = at(starts, t)
+    count = b.sub(at(starts, b.add(t, B.const(1))), lo)
+    done = fn.append_basic_block("t.stored")
+    other = fn.append_basic_block("t.listed")
+    switch = b.switch(count, other)
+    for k in range(1, TABLE_UNROLLED + 1):
+        case = fn.append_basic_block(f"t.rows{k}")
+        switch.add_case(ir.Constant(i64, k), case)
+        b.position_at_end(case)
+        accs = [zero] * nv
+        for j in range(k):
+            accs = add_row(accs, b.add(lo, B.const(j)))
+        put(accs, t)
+        b.branch(done)
+    b.position_at_end(other)
+    e, accs, close_e = B.loop(lo, b.add(lo, count), 1, "t.e", [zero] * nv)
+    put(close_e(add_row(accs, e)), t)
+    b.branch(done)
+    b.position_at_end(done)
+    close_t()
 
 
 def _far_or_near(B, fn, far, far_fn, n_in, n, hp, emit):
@@ -268,8 +303,7 @@ def _build_gather(mod, far=False, far_fn=None):
     def emit():
         c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
         _copy_panel(B, W, ldw, panel, B.const(PANEL), n_in, c, 0, _next_column(B, c, hp) if far else None)
-        _if(B, fn, tables, lambda: _listed_sums(B, panel, t_order, t_starts, n_t, _panel_store(B, table)),
-            "table")
+        _if(B, fn, tables, lambda: _table_rows(B, fn, panel, t_order, t_starts, n_t, table), "table")
         init = [B.vload(bias, c, v * LANES) for v in range(nv)]
 
         def rows_from(start, rp):

@@ -298,7 +298,7 @@ def test_network_with_cubie_tables_sums_the_tables_and_agrees_with_stickers():
     rows = 320
     tabled, plain = Workspace(layout, rows, groups=enc.input_groups), Workspace(layout, rows)
     assert tabled.groups[5].size - 1 == enc.input_groups.n_tables and plain.groups[5].size == 1
-    assert Workspace(layout, 256, groups=enc.input_groups).groups[5].size == 1  # too few rows to pay
+    assert Workspace(layout, 182, groups=enc.input_groups).groups[5].size == 1  # too few rows to pay
     states = _scrambles(p, rows, 2)
     for ws in (tabled, plain):
         enc.encode(states, ws, 0, np.zeros(rows, np.int64))

@@ -534,10 +534,11 @@ def test_panel_ir_equals_its_plain_loop_fallback_bitwise():
     order, starts, cursor = np.zeros(rows * s, np.int32), np.zeros(n_in + 1, np.int32), np.zeros(n_in, np.int32)
     _rows_by_w1_row(idx, n_in, order, starts, cursor)
     assert starts[-1] == rows * s and starts[-2] == starts[-1]
-    # 23 table rows (an odd count) of 1-3 W1 rows each, one listing a row twice; 4 a batch row
+    # 23 table rows of 1-3 W1 rows each (one listing a row twice), one of none and one of
+    # five (the loop past the unrolled lengths); 4 a batch row
     rng = np.random.default_rng(12)
     members = [list(rng.integers(0, n_in, 1 + t % 3)) for t in range(23)]
-    members[4] = [7, 7]
+    members[4], members[9], members[16] = [7, 7], [], list(rng.integers(0, n_in, 5))
     t_order = np.array([r for m in members for r in m], np.int32)
     t_starts = np.cumsum([0] + [len(m) for m in members]).astype(np.int32)
     codes = rng.integers(0, 23, (rows, 4)).astype(np.int32)
