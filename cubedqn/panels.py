@@ -31,9 +31,12 @@ Where a call is big (FAR_FLOATS: the 3x3x3's 324 x 1024 layer at a batch of 256)
 data is not in L2 when a training step gets to it: W1 and dout were last touched a step
 or a forward ago, and the output rows are 4 KB apart, a new page each, which the hardware
 prefetchers do not follow. Such calls run a copy of both kernels (`*_far`) that prefetches
-the next panel's lines while it copies this one and, for writing, the output (dW) lines
-of the row AHEAD rows on. In a cube3 step (Zen 4) the target gather went 616-722 -> 467-476
-us, the online one 1,088-1,360 -> 851-889 and the scatter 624-717 -> 435-480. Small calls
+the next panel's W1 (dout) lines, a share with each pair of batch (W1) rows, and, for
+writing, the output (dW) lines of the row AHEAD rows on. In a cube3 step (Zen 4) the
+target gather went 616-722 -> 467-476 us, the online one 1,088-1,360 -> 851-889 and the
+scatter 624-717 -> 435-480 with the next panel prefetched during the copy of this one;
+spread over the rows instead, the gathers (with tables) 403-464 -> 336-351 and 619-688
+-> 529-568, the scatter 404-434 -> 395-421 (three alternating pairs). Small calls
 keep the plain loops: hot in L2 the hints cost the 2x2x2's 64- and 128-row scatter 10%
 (the gather 1-3%) and gained nothing in its step.
 
@@ -136,6 +139,23 @@ class _Builder:
         self.b.call(fn, [at, ir.Constant(i32, int(for_write)), ir.Constant(i32, 3 if for_write else 2),
                          ir.Constant(i32, 1)])
 
+    def share(self, total, steps):
+        """ceil(total / max(steps, 1)): rows per step to spread `total` rows over `steps`."""
+        b = self.b
+        steps = b.select(b.icmp_signed(">", steps, self.const(0)), steps, self.const(1))
+        return b.sdiv(b.add(total, b.sub(steps, self.const(1))), steps)
+
+    def prefetch_share(self, ptr, ld, col, step, per, rows):
+        """Prefetch for reading the lines at column col of rows [step * per, step * per +
+        per) (those below `rows`): one step's share of the next panel."""
+        b = self.b
+        lo = b.mul(step, per)
+        hi = b.add(lo, per)
+        r, _, close = self.loop(lo, b.select(b.icmp_signed("<", hi, rows), hi, rows), 1, "share")
+        for v in range(PANEL // LANES):
+            self.prefetch(ptr, False, b.mul(r, ld), col, v * LANES)
+        close()
+
     def prefetch_row_ahead(self, ptr, row, rows, ld, col):
         """Prefetch for writing the panel's lines of row min(row + AHEAD, rows - 1)."""
         b = self.b
@@ -146,15 +166,12 @@ class _Builder:
             self.prefetch(ptr, True, b.mul(ahead, ld), col, v * LANES)
 
 
-def _copy_panel(B, src, ld_src, dst, ld_dst, n_in, c_src, c_dst, next_panel=None):
-    """dst[r*ld_dst + c_dst + j] = src[r*ld_src + c_src + j] for r < n_in, j < PANEL; with
-    next_panel (a column), the lines of src's rows at that column are prefetched too."""
+def _copy_panel(B, src, ld_src, dst, ld_dst, n_in, c_src, c_dst):
+    """dst[r*ld_dst + c_dst + j] = src[r*ld_src + c_src + j] for r < n_in, j < PANEL."""
     b = B.b
     r, _, close = B.loop(B.const(0), n_in, 1, "copy")
     for v in range(PANEL // LANES):
         B.vstore(B.vload(src, b.mul(r, ld_src), c_src, v * LANES), dst, b.mul(r, ld_dst), c_dst, v * LANES)
-        if next_panel is not None:
-            B.prefetch(src, False, b.mul(r, ld_src), next_panel, v * LANES)
     close()
 
 
@@ -169,10 +186,11 @@ def _if(B, fn, cond, emit_then, name):
     b.position_at_end(done_bb)
 
 
-def _listed_sums(B, src, order, starts, n_dst, store, ahead=None):
+def _listed_sums(B, src, order, starts, n_dst, store, ahead=None, each_pair=None):
     """For each r < n_dst: store(zero + the src panel rows order[starts[r]:starts[r + 1]],
     in list order, r); two rows r at a time (four chains of adds in flight). ahead =
-    (ptr, ld, column): prefetch for writing the lines of the row AHEAD rows on there."""
+    (ptr, ld, column): prefetch for writing the lines of the row AHEAD rows on there;
+    each_pair(r): more code for each pair (the scatter's share of the next panel)."""
     b, nv, i64 = B.b, PANEL // LANES, B.i64
     zero = ir.Constant(B.vec, [0.0] * LANES)
 
@@ -189,6 +207,8 @@ def _listed_sums(B, src, order, starts, n_dst, store, ahead=None):
     if ahead is not None:
         for rr in (r, r1):
             B.prefetch_row_ahead(ahead[0], rr, n_dst, ahead[1], ahead[2])
+    if each_pair is not None:
+        each_pair(r)
     lo0, lo1, hi1 = at(starts, r), at(starts, r1), at(starts, b.add(r, B.const(2)))
     n0, n1 = b.sub(lo1, lo0), b.sub(hi1, lo1)
     both = b.select(b.icmp_signed("<", n0, n1), n0, n1)
@@ -299,10 +319,12 @@ def _build_gather(mod, far=False, far_fn=None):
     tables = b.icmp_signed(">", n_t, B.const(0))
     table = b.gep(panel, [b.mul(n_in, B.const(PANEL))])  # the table panel, after W's
     src = b.select(tables, table, panel)                   # the rows the batch sums
+    per_pair = B.share(n_in, b.sdiv(n, B.const(ROWS)))  # W rows of the next panel prefetched per row pair
 
     def emit():
         c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
-        _copy_panel(B, W, ldw, panel, B.const(PANEL), n_in, c, 0, _next_column(B, c, hp) if far else None)
+        nxt = _next_column(B, c, hp)
+        _copy_panel(B, W, ldw, panel, B.const(PANEL), n_in, c, 0)
         _if(B, fn, tables, lambda: _table_rows(B, fn, panel, t_order, t_starts, n_t, table), "table")
         init = [B.vload(bias, c, v * LANES) for v in range(nv)]
 
@@ -313,6 +335,8 @@ def _build_gather(mod, far=False, far_fn=None):
             if far:  # the output rows a few iterations on: their lines are owned by the time they are stored
                 for r in range(rp):
                     B.prefetch_row_ahead(out, b.add(i, B.const(r)), n, ldo, c)
+            if far and rp == ROWS:  # and the next panel's W rows, a few per row pair
+                B.prefetch_share(W, ldw, nxt, b.sdiv(i, B.const(ROWS)), per_pair, n_in)
             k, accs, close_k = B.loop(B.const(0), s, 1, f"k{rp}", init * rp)
             new = []
             for r in range(rp):
@@ -349,9 +373,12 @@ def _build_scatter(mod, far=False, far_fn=None):
     _return_unless_width(B, fn, width)
     zero = ir.Constant(B.vec, [0.0] * LANES)
 
+    per_pair = B.share(n, b.sdiv(n_in, B.const(2)))  # dout rows of the next panel prefetched per W1 row pair
+
     def emit():
         c, _, close_c = B.loop(B.const(0), hp, PANEL, "c")
-        _copy_panel(B, dout, ldd, panel, B.const(PANEL), n, c, 0, _next_column(B, c, hp) if far else None)
+        nxt = _next_column(B, c, hp)
+        _copy_panel(B, dout, ldd, panel, B.const(PANEL), n, c, 0)
         i, dbs, close_i = B.loop(B.const(0), n, 1, "i", [zero] * nv)
         sums = close_i([b.fadd(dbs[v], B.vload(panel, b.mul(i, B.const(PANEL)), v * LANES)) for v in range(nv)])
         for v in range(nv):
@@ -362,7 +389,8 @@ def _build_scatter(mod, far=False, far_fn=None):
                 B.vstore(sums[v], dW, b.mul(r, ldw), c, v * LANES)
 
         # W1 rows two at a time, each summing its own list of dout rows in order
-        _listed_sums(B, panel, order, starts, n_in, store, (dW, ldw, c) if far else None)
+        _listed_sums(B, panel, order, starts, n_in, store, (dW, ldw, c) if far else None,
+                     (lambda r: B.prefetch_share(dout, ldd, nxt, b.sdiv(r, B.const(2)), per_pair, n)) if far else None)
         close_c()
 
     _far_or_near(B, fn, far, far_fn, n_in, n, hp, emit)
