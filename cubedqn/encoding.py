@@ -26,7 +26,6 @@ import numpy as np
 from numba import njit
 
 from .cube import conjugate_states, encode_index, encode_onehot, sticker_order, symmetries
-from .nn import InputGroups
 
 
 @njit(cache=True, nogil=True)
@@ -310,6 +309,52 @@ def child_representatives(puzzle, n_actions, trials=8):
     return np.array(reps, np.int64), rep_of
 
 
+class InputGroups:
+    """Tables for a sparse first layer whose index columns come in groups that take few
+    joint values: a cubie's stickers (a corner's three take 24 of the 6^3 colourings).
+
+    Table row t is the sum of the W1 rows of one joint value of one group; a batch row
+    then sums one table row per group instead of one W1 row per column. The 3x3x3's 54
+    stickers are 26 groups (6 centres, 8 corners, 12 edges) with 516 table rows, the
+    2x2x2's 24 are 8 corners with 192 (encoding.sticker_groups). panels.py builds the
+    table rows per column panel from W1's panel, so the tables never go to memory; only
+    the forward uses them (the backward's scatter through tables was no faster, README).
+    A call whose rows include a value not listed (stickers that are no state of the
+    puzzle) sums W1 rows as before.
+
+    groups: tuples of index columns; values: per group, the tuples of W1 rows (one per
+    column, in column order) that occur; digit (in_dim,): each W1 row's number among its
+    column's rows, below radix. `tables` is what nn's kernels take (nn.NO_GROUPS: none); a Workspace takes the
+    tables where `pays` says so."""
+
+    def __init__(self, in_dim, groups, values, digit, radix):
+        width = max(len(g) for g in groups)
+        cols = np.full((len(groups), width), -1, np.int64)
+        place = np.zeros((len(groups), width), np.int64)
+        lut = np.full((len(groups), radix ** width), -1, np.int32)
+        members = []
+        for g, (columns, rows_of_values) in enumerate(zip(groups, values)):
+            cols[g, :len(columns)] = columns
+            place[g, :len(columns)] = [radix ** (len(columns) - 1 - a) for a in range(len(columns))]
+            for rows in rows_of_values:
+                lut[g, sum(int(digit[r]) * int(p) for r, p in zip(rows, place[g]))] = len(members)
+                members.append(tuple(rows))
+        self.in_dim, self.n_groups, self.n_tables = in_dim, len(groups), len(members)
+        self.n_members = sum(len(m) for m in members)
+        self.tables = (cols, place, lut, np.ascontiguousarray(digit, np.int64),
+                       np.array([r for m in members for r in m], np.int32),
+                       np.cumsum([0] + [len(m) for m in members]).astype(np.int32))
+
+    def pays(self, rows: int, layout) -> bool:
+        """Whether a workspace of `rows` rows takes the tables: the sums they save per call
+        (rows x (columns - groups)) at least 3x what building them costs (a load per member,
+        a store per table row). Measured alone (Zen 4, README): the 3x3x3's 256 rows ran
+        20% faster hot and 12% from memory, the 2x2x2's 128 rows no faster; 3x takes the
+        first and not the second."""
+        return (layout.in_dim == self.in_dim and
+                rows * (layout.n_active - self.n_groups) >= 3 * (self.n_members + self.n_tables))
+
+
 def sticker_groups(puzzle, order, dbl_first=False) -> InputGroups:
     """The sticker input's cubies as InputGroups: each centre alone (any colour), each
     corner slot's three stickers (the 8 corner cubies in 3 twists: 24 values) and each
@@ -455,7 +500,7 @@ class Encoder:
             np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
         self.home_facelets = np.ascontiguousarray(self.search_rotations[:, self.fac])
         self.sticker_order = sticker_order(puzzle)  # unframed sparse inputs: constant columns first
-        # the first layer's cubie tables (nn.InputGroups), for sparse sticker inputs
+        # the first layer's cubie tables (InputGroups), for sparse sticker inputs
         self.input_groups = sticker_groups(puzzle, np.arange(puzzle.n_stickers) if self.framed else
                                            self.sticker_order, self.canonical) \
             if sparse and inputs == "stickers" else None

@@ -142,52 +142,7 @@ def init_params(layout: Layout, rng: np.random.Generator, dtype=np.float32) -> n
     return flat
 
 
-class InputGroups:
-    """Tables for a sparse first layer whose index columns come in groups that take few
-    joint values: a cubie's stickers (a corner's three take 24 of the 6^3 colourings).
-
-    Table row t is the sum of the W1 rows of one joint value of one group; a batch row
-    then sums one table row per group instead of one W1 row per column. The 3x3x3's 54
-    stickers are 26 groups (6 centres, 8 corners, 12 edges) with 516 table rows, the
-    2x2x2's 24 are 8 corners with 192 (encoding.sticker_groups). panels.py builds the
-    table rows per column panel from W1's panel, so the tables never go to memory; only
-    the forward uses them (the backward's scatter through tables was no faster, README).
-    A call whose rows include a value not listed (stickers that are no state of the
-    puzzle) sums W1 rows as before.
-
-    groups: tuples of index columns; values: per group, the tuples of W1 rows (one per
-    column, in column order) that occur; digit (in_dim,): each W1 row's number among its
-    column's rows, below radix. `tables` is what the kernels take (nn.NO_GROUPS: none)."""
-
-    def __init__(self, in_dim, groups, values, digit, radix):
-        width = max(len(g) for g in groups)
-        cols = np.full((len(groups), width), -1, np.int64)
-        place = np.zeros((len(groups), width), np.int64)
-        lut = np.full((len(groups), radix ** width), -1, np.int32)
-        members = []
-        for g, (columns, rows_of_values) in enumerate(zip(groups, values)):
-            cols[g, :len(columns)] = columns
-            place[g, :len(columns)] = [radix ** (len(columns) - 1 - a) for a in range(len(columns))]
-            for rows in rows_of_values:
-                lut[g, sum(int(digit[r]) * int(p) for r, p in zip(rows, place[g]))] = len(members)
-                members.append(tuple(rows))
-        self.in_dim, self.n_groups, self.n_tables = in_dim, len(groups), len(members)
-        self.n_members = sum(len(m) for m in members)
-        self.tables = (cols, place, lut, np.ascontiguousarray(digit, np.int64),
-                       np.array([r for m in members for r in m], np.int32),
-                       np.cumsum([0] + [len(m) for m in members]).astype(np.int32))
-
-    def pays(self, rows: int, layout: Layout) -> bool:
-        """Whether a workspace of `rows` rows takes the tables: the sums they save per call
-        (rows x (columns - groups)) at least 3x what building them costs (a load per member,
-        a store per table row). Measured alone (Zen 4, README): the 3x3x3's 256 rows ran
-        20% faster hot and 12% from memory, the 2x2x2's 128 rows no faster; 3x takes the
-        first and not the second."""
-        return (layout.in_dim == self.in_dim and
-                rows * (layout.n_active - self.n_groups) >= 3 * (self.n_members + self.n_tables))
-
-
-# no tables (InputGroups.tables' types, empty)
+# no tables (encoding.InputGroups.tables' types, empty)
 NO_GROUPS = (np.full((0, 1), -1, np.int64), np.zeros((0, 1), np.int64), np.zeros((0, 1), np.int32),
              np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(1, np.int32))
 
@@ -198,10 +153,13 @@ class Workspace:
     acts[l] (rows, width_{l+1}) holds layer l's output (ReLU applied for hidden layers);
     acts[-1] is the raw head. q (rows, A) is the Q-values (a view of the head unless dueling).
     deltas[l] has the shape of acts[l]. idx (rows, S) int32 and x (rows, in) feed layer 0.
+    groups (an encoding.InputGroups, or None): the input's cubie tables, which the sparse
+    first layer's gather takes where the workspace's rows pay for them (`groups` is then
+    their tables, else nn.NO_GROUPS).
     """
 
     def __init__(self, layout: Layout, rows: int, dtype=np.float32, dense_input=False,
-                 groups: InputGroups | None = None):
+                 groups=None):
         self.layout, self.rows, self.dtype = layout, rows, dtype
         w = layout.widths
         self.acts = tuple(aligned_zeros((rows, w[l + 1]), dtype) for l in range(layout.n_layers))
@@ -218,7 +176,7 @@ class Workspace:
         # and chunked policies rely on that, bitwise).
         panel = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
                  and layout.widths[1] % panels.PANEL == 0 and rows * layout.n_active >= 8 * layout.in_dim)
-        # the gather's tables (InputGroups) where the workspace's rows pay for building them
+        # the gather's tables (encoding.InputGroups) where the workspace's rows pay for them
         tabled = panel and groups is not None and groups.pays(rows, layout)
         self.groups = groups.tables if tabled else NO_GROUPS
         n_t, n_g = (groups.n_tables, groups.n_groups) if tabled else (0, 0)
@@ -307,7 +265,7 @@ def _rows_fit(a):
 def _lists_start(in_dim, rows, n_tables):
     """Where the panel scratch's int32 lists begin (float32 elements): after a panel of
     max(in_dim, rows) rows (W1's for the gather, dout's for the scatter) and one of the
-    n_tables table rows (see InputGroups)."""
+    n_tables table rows (see encoding.InputGroups)."""
     return (max(in_dim, rows) + n_tables) * panels.PANEL
 
 
@@ -386,7 +344,7 @@ def _rows_by_w1_row(idx, n_in, order, starts, cursor):
 
 @njit(cache=True, nogil=True)
 def _table_codes(idx, groups, codes):
-    """codes[i, g] = the table row of group g's stickers in row i (InputGroups); False if
+    """codes[i, g] = the table row of group g's stickers in row i (encoding.InputGroups); False if
     a row has a combination the tables do not list (not a state of the puzzle)."""
     cols, place, lut, digit = groups[0], groups[1], groups[2], groups[3]
     n = idx.shape[0]
@@ -511,7 +469,7 @@ def _panel_scatter_overload(idx, dout, dW, db, panel, groups):
 @njit(cache=True, nogil=True, error_model="numpy")
 def sparse_forward_panels(idx, W, b, out, relu, panel, groups):
     """sparse_forward by column panels (panels.py: float32; panel: the scratch, at least
-    in*PANEL floats, panel_scratch_size for the backward too; groups: InputGroups.tables,
+    in*PANEL floats, panel_scratch_size for the backward too; groups: encoding.InputGroups.tables,
     or NO_GROUPS).
     The last H mod PANEL columns are summed here the same way (bias, then the stickers in
     order); when panels cover nothing (float64, no or too small a scratch, H < PANEL),
@@ -779,7 +737,7 @@ class MLP:
             self.params[:] = np.asarray(params).reshape(-1)
         self.Ws, self.bs = views(self.params, layout)
 
-    def workspace(self, rows: int, groups: InputGroups | None = None) -> Workspace:
+    def workspace(self, rows: int, groups=None) -> Workspace:
         return Workspace(self.layout, rows, self.dtype, dense_input=not self.sparse, groups=groups)
 
     def forward_ws(self, ws: Workspace, rows: int, laps=None):

@@ -40,7 +40,7 @@ spread over the rows instead, the gathers (with tables) 403-464 -> 336-351 and 6
 keep the plain loops: hot in L2 the hints cost the 2x2x2's 64- and 128-row scatter 10%
 (the gather 1-3%) and gained nothing in its step.
 
-Tables: given n_t table rows (nn.InputGroups: one per joint value of a cubie's stickers,
+Tables: given n_t table rows (encoding.InputGroups: one per joint value of a cubie's stickers,
 each the sum of its W1 rows), the gather builds them per panel from W's copied panel
 into the scratch after it (zero, then the listed W rows in order), and idx then lists
 table rows: a 3x3x3 row sums 26 of them instead of 54 W1 rows. The scatter has no
