@@ -106,7 +106,7 @@ HELP = {
     "sparse_update": "update only the first-layer rows of inputs present in the batch (lazy Adam/momentum)",
     "target_cache": "all-actions on cube2: reuse the target net's value of children seen since its last copy",
     "tune_blas_threads": "with --threads T > 1: at the start and every 30 s of training, time the loop with T BLAS "
-                         "threads and with one; keep one only if it is 5% faster (same results either way)",
+                         "threads and with one; keep T only if they are 5% faster than one",
     "log_interval": "gradient steps between log lines",
     "checkpoint_interval": "gradient steps between checkpoints (0: end only)",
     "save_replay": "save replay buffer and envs with checkpoints (exact resume)",

@@ -43,9 +43,12 @@ class BlasThreadTuner:
 
     A probe times four blocks at T, 1, 1 and T BLAS threads (ABBA: a steady drift in the
     host's speed cancels); a block lasts at least `block_seconds` of loop time and
-    `min_steps` gradient steps. Then it keeps one thread only if that ran at least
-    `margin` faster per gradient step (short probes on a noisy host err, and an error is
-    cheaper towards the count asked for), and probes again after `interval_seconds` of
+    `min_steps` gradient steps. Then it keeps T threads only if they ran at least `margin`
+    faster per gradient step than one, else one (short probes on a noisy host err, and the
+    error is cheaper towards one thread: that count is the one-thread run's own, which T
+    threads must not fall behind; until stop 24 ties went to T, and a `cube2` preset run
+    that kept two on a probe reading them equal to one ran 0.91x a one-thread run, README,
+    Performance), and probes again after `interval_seconds` of
     loop time, or sooner when the host changes under it: once `check_seconds` of loop time
     (and `min_steps` gradient steps) ran more than `slowdown` slower per gradient step than
     the last probe measured the count in use (a second core taken by another process after
@@ -108,7 +111,7 @@ class BlasThreadTuner:
             return
         per_step = {n: t / k for n, (t, k) in self.totals.items()}
         self.last_probe = per_step
-        best = 1 if per_step[1] < (1.0 - self.margin) * per_step[self.threads] else self.threads
+        best = self.threads if per_step[self.threads] < (1.0 - self.margin) * per_step[1] else 1
         self.set_threads(best)
         self.current, self.phase, self.since = best, -1, 0.0
         self._clear_totals()

@@ -652,12 +652,16 @@ def test_blas_tuner_probes_abba_and_keeps_the_faster_count(one_is_faster):
     assert tuner.probes == 2
 
 
-def test_blas_tuner_needs_a_margin_to_leave_the_requested_count_and_pause_restores_it():
+def test_blas_tuner_needs_a_margin_to_keep_the_requested_count_and_pause_restores_it():
+    """T threads must beat one by `margin`: a tie, or T a little faster, keeps one (the
+    count a one-thread run uses, which a T-thread run must not fall behind)."""
     from cubedqn.threads import BlasThreadTuner
     tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=3)
-    assert run_tuner(tuner, {1: 0.97, 2: 1.0}, 13)[-1] == 2 and tuner.current == 2  # 3% faster: not enough
+    assert run_tuner(tuner, {1: 1.0, 2: 0.97}, 13)[-1] == 1 and tuner.current == 1  # 3% faster: not enough
     tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=3)
-    assert run_tuner(tuner, {1: 0.90, 2: 1.0}, 13)[-1] == 1 and tuner.current == 1  # 10% faster
+    assert run_tuner(tuner, {1: 1.0, 2: 1.0}, 13)[-1] == 1 and tuner.current == 1  # a tie
+    tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=3)
+    assert run_tuner(tuner, {1: 1.0, 2: 0.90}, 13)[-1] == 2 and tuner.current == 2  # 10% faster
     tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=3)
     calls = run_tuner(tuner, {1: 1.0, 2: 3.0}, 6)  # stopped inside the probe's second block
     tuner.pause()
