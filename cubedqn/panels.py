@@ -186,21 +186,29 @@ def _if(B, fn, cond, emit_then, name):
     b.position_at_end(done_bb)
 
 
+def _list_reading(B, src, order):
+    """(at, add_listed) for summing listed panel rows: at(ptr, k) is the int32 ptr[k] as
+    i64; add_listed(accs, e) is accs + the src panel row order[e], vector by vector."""
+    b = B.b
+
+    def at(ptr, k):
+        return b.sext(b.load(b.gep(ptr, [k])), B.i64)
+
+    def add_listed(accs, e):
+        base = b.mul(at(order, e), B.const(PANEL))
+        return [b.fadd(acc, B.vload(src, base, v * LANES)) for v, acc in enumerate(accs)]
+
+    return at, add_listed
+
+
 def _listed_sums(B, src, order, starts, n_dst, store, ahead=None, each_pair=None):
     """For each r < n_dst: store(zero + the src panel rows order[starts[r]:starts[r + 1]],
     in list order, r); two rows r at a time (four chains of adds in flight). ahead =
     (ptr, ld, column): prefetch for writing the lines of the row AHEAD rows on there;
     each_pair(r): more code for each pair (the scatter's share of the next panel)."""
-    b, nv, i64 = B.b, PANEL // LANES, B.i64
+    b, nv = B.b, PANEL // LANES
     zero = ir.Constant(B.vec, [0.0] * LANES)
-
-    def at(ptr, k):
-        return b.sext(b.load(b.gep(ptr, [k])), i64)
-
-    def add_listed(accs, e):
-        """accs + the src row order[e]"""
-        base = b.mul(at(order, e), B.const(PANEL))
-        return [b.fadd(accs[v], B.vload(src, base, v * LANES)) for v in range(nv)]
+    at, add_listed = _list_reading(B, src, order)
 
     r, _, close_r = B.loop(B.const(0), n_dst, 2, "r2")
     r1 = b.add(r, B.const(1))
@@ -232,13 +240,7 @@ def _table_rows(B, fn, src, order, starts, n_dst, dst):
     the branch on it predicts, where the pairs' loops of 1 to 3 trips did not."""
     b, nv, i64 = B.b, PANEL // LANES, B.i64
     zero = ir.Constant(B.vec, [0.0] * LANES)
-
-    def at(ptr, k):
-        return b.sext(b.load(b.gep(ptr, [k])), i64)
-
-    def add_row(accs, e):
-        base = b.mul(at(order, e), B.const(PANEL))
-        return [b.fadd(accs[v], B.vload(src, base, v * LANES)) for v in range(nv)]
+    at, add_row = _list_reading(B, src, order)
 
     def put(accs, t):
         for v in range(nv):
