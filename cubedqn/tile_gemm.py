@@ -120,7 +120,9 @@ def _emit(mod, epilogue):
     def c32(v):
         return ir.Constant(i32, v)
 
-    # --- which calls the tile takes (the module docstring's rule)
+    # --- which calls the tile takes (the module docstring's rule): conds, and with A as
+    # given (TILE only) a_rule, the bounds on K and M for A as is or transposed
+    a_rule = None
     if epilogue:
         fn = ir.Function(mod, _bias_signature(), name=TILE_BIAS)
         M, N, K, A, lda, B, ldb, C, ldc, bias, relu = fn.args
@@ -137,14 +139,15 @@ def _emit(mod, epilogue):
         conds = [b.icmp_signed("<=", b.call(library_threads, []), c32(1)), b.icmp_signed("==", order, c32(ROW_MAJOR)),
                  b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)), b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)),
                  b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1)),
-                 b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
+                 b.or_(b.icmp_signed("==", tb, c32(NO_TRANS)), b.and_(b_trans, b.icmp_signed("<=", K, c64(K_MAX))))]
+        a_rule = b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
                        b.and_(trans, b.and_(b.or_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
                                                   b.icmp_signed("<=", N, c64(LANES))),
-                                            b.icmp_signed("<=", K, c64(TRANS_A_MAX))))),
-                 b.or_(b.icmp_signed("==", tb, c32(NO_TRANS)), b.and_(b_trans, b.icmp_signed("<=", K, c64(K_MAX))))]
-    take = conds[0]
+                                            b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))
+    fits = conds[0]
     for cond in conds[1:]:
-        take = b.and_(take, cond)
+        fits = b.and_(fits, cond)
+    take = fits if a_rule is None else b.and_(fits, a_rule)
     tile_bb, lib_bb = fn.append_basic_block("tile"), fn.append_basic_block("library")
     b.cbranch(take, tile_bb, lib_bb)
     b.position_at_end(lib_bb)
@@ -155,11 +158,8 @@ def _emit(mod, epilogue):
         # wider than 256), everything else as the tile wants it: TRANS_A_MAX rows of C at
         # a time, each a call of this function, so that each call's A (256 x K) stays in
         # L2 across B's panels
-        rest = [conds[i] for i in (0, 1, 2, 3, 4, 5, 6, 8)]
-        blocks = b.and_(trans, b.and_(b.icmp_signed(">", M, c64(TRANS_A_MAX)),
-                                      b.icmp_signed("<=", K, c64(TRANS_A_MAX))))
-        for cond in rest:
-            blocks = b.and_(blocks, cond)
+        blocks = b.and_(fits, b.and_(trans, b.and_(b.icmp_signed(">", M, c64(TRANS_A_MAX)),
+                                                   b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))
         blocks_bb, whole_bb = fn.append_basic_block("rows.blocks"), fn.append_basic_block("library.whole")
         b.cbranch(blocks, blocks_bb, whole_bb)
         b.position_at_end(blocks_bb)
