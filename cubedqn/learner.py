@@ -180,7 +180,7 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     stamp(stamps, 6)
     mlp_backward_upper(Ws, acts, deltas, gWs, gbs, n)
     stamp(stamps, 7)
-    mlp_backward_first(idx, x, sparse, Ws, deltas, gWs, gbs, n, panel, groups)
+    mlp_backward_first(idx, x, sparse, Ws, deltas, gWs, gbs, n, panel)
     stamp(stamps, 8)
     norm = clipped_step(kind, clip, max_norm, params, grads, m_state, v_state, slices, lr, mu, b1, b2, eps, bc1,
                         bc2, wd)
@@ -399,7 +399,7 @@ class Learner:
                 self.n_touched = sparse_backward_compact(ws.idx[:m], ws.deltas[0][:m], self.grad_rows, gb[0],
                                                          self.row_mark, self.row_slot, self.touched)
             else:
-                mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m, ws.panel, ws.groups)
+                mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m, ws.panel)
             laps.lap("first layer")
             if not first:
                 add_into(self.grads, self.grads_tmp)
@@ -561,7 +561,7 @@ class Learner:
                 dense_backward(ws.acts[l - 1][:rows], ws.deltas[l][:rows], on.Ws[l], dW, db,
                                ws.deltas[l - 1][:rows], True)
             elif on.sparse:  # by panels with the workspace's scratch, else by rows
-                sparse_backward_panels(ws.idx[:rows], ws.deltas[0][:rows], dW, db, ws.panel, ws.groups)
+                sparse_backward_panels(ws.idx[:rows], ws.deltas[0][:rows], dW, db, ws.panel)
             else:
                 dense_backward(ws.x[:rows], ws.deltas[0][:rows], on.Ws[0], dW, db,
                                ws.deltas[0][:0], False)

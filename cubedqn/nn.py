@@ -250,7 +250,7 @@ def _panel_gather(idx, W, b, out, relu, panel, groups):
     return 0
 
 
-def _panel_scatter(idx, dout, dW, db, panel, groups):
+def _panel_scatter(idx, dout, dW, db, panel):
     """Columns [0, return value) of sparse_backward done by panels.py (float32 only)."""
     return 0
 
@@ -302,6 +302,8 @@ def _constant_prefix(idx):
     """How many of idx's first columns hold the same row in every row of the batch (the
     3x3x3's six centre stickers, which cube.encode_index puts first)."""
     n, s = idx.shape
+    if n == 0:
+        return 0
     for k in range(s):
         v = idx[0, k]
         for i in range(1, n):
@@ -371,7 +373,7 @@ def _fold_constant_columns(rows_idx, W, b, hp, panel, off, tabled, groups):
     order) with 1 - f/S of the loads (3x3x3 stickers: 48 of 54). c lives in the scratch
     at off; (0, b) when it has no room."""
     n, s = rows_idx.shape
-    f = _constant_prefix(rows_idx) if n > 0 else 0
+    f = _constant_prefix(rows_idx)
     if f == 0 or panel.shape[0] < off + hp:
         return 0, b
     t_order, t_starts = groups[4], groups[5]
@@ -430,11 +432,11 @@ def _panel_gather_overload(idx, W, b, out, relu, panel, groups):
 
 
 @overload(_panel_scatter, jit_options={"nogil": True})
-def _panel_scatter_overload(idx, dout, dW, db, panel, groups):
+def _panel_scatter_overload(idx, dout, dW, db, panel):
     if not (dW.dtype == dout.dtype == db.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
-        return lambda idx, dout, dW, db, panel, groups: 0
+        return lambda idx, dout, dW, db, panel: 0
 
-    def run(idx, dout, dW, db, panel, groups):  # W1 rows, not tables (they did not pay here: README)
+    def run(idx, dout, dW, db, panel):  # W1 rows, not tables (they did not pay here: README)
         n, s = idx.shape
         n_in = dW.shape[0]
         hp = _panel_columns(idx, dW, dout, db, panel, _lists_end(n_in, n, s, 0, 0))
@@ -444,7 +446,7 @@ def _panel_scatter_overload(idx, dout, dW, db, panel, groups):
         # A W1 row that a constant column hits in every row and nothing else hits sums all
         # of dout's rows in order: db's sum, bit for bit. Such rows are left out of the lists
         # and get db copied in; where another column hits one too, none are left out.
-        f = _constant_prefix(idx) if n > 0 else 0
+        f = _constant_prefix(idx)
         _rows_by_w1_row(idx[:, f:], n_in, order, starts, cursor)
         for k in range(f):
             r = idx[0, k]
@@ -489,12 +491,12 @@ def sparse_forward_panels(idx, W, b, out, relu, panel, groups):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def sparse_backward_panels(idx, dout, dW, db, panel, groups):
+def sparse_backward_panels(idx, dout, dW, db, panel):
     """sparse_backward by column panels (see sparse_forward_panels); every element of dW
     and db is written."""
     n, s = idx.shape
     h = dout.shape[1]
-    done = _panel_scatter(idx, dout, dW, db, panel, groups)
+    done = _panel_scatter(idx, dout, dW, db, panel)
     if done == 0:
         sparse_backward(idx, dout, dW, db)
         return
@@ -656,10 +658,10 @@ def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows, panel, groups):
+def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows, panel):
     """Layer 0's gradient from deltas[0] (dLoss/d its output, first `rows` rows)."""
     if sparse:
-        sparse_backward_panels(idx[:rows], deltas[0][:rows], dWs[0], dbs[0], panel, groups)
+        sparse_backward_panels(idx[:rows], deltas[0][:rows], dWs[0], dbs[0], panel)
     else:
         dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], False)
 

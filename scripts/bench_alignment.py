@@ -98,7 +98,7 @@ def main():
                     out, dout = placed((n, h), o_rest), placed((n, h), o_rest, rng)
                     dW, db, panel = placed((n_in, h), o_rest), placed((h,), o_rest), placed((panel_scratch_size(n_in, n, s, h, 0, 0),), o_panel)
                     cases[off] = (lambda idx=idx, W=W, b=b, out=out, panel=panel: sparse_forward_panels(idx, W, b, out, True, panel, NO_GROUPS),
-                                  lambda idx=idx, dout=dout, dW=dW, db=db, panel=panel: sparse_backward_panels(idx, dout, dW, db, panel, NO_GROUPS),
+                                  lambda idx=idx, dout=dout, dW=dW, db=db, panel=panel: sparse_backward_panels(idx, dout, dW, db, panel),
                                   reps)
                 compare(f"{name} first layer, {n} rows, {moved} moved:", cases, args.rounds)
     for m, k, n in ((64, 256, 256), (128, 256, 256)):

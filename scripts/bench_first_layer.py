@@ -51,7 +51,7 @@ def main():
             calls = {"rows fwd": lambda: sparse_forward(idx, W, b, out, True),
                      "panels fwd": lambda: sparse_forward_panels(idx, W, b, out, True, panel, NO_GROUPS),
                      "rows bwd": lambda: sparse_backward(idx, dout, dW, db),
-                     "panels bwd": lambda: sparse_backward_panels(idx, dout, dW, db, panel, NO_GROUPS)}
+                     "panels bwd": lambda: sparse_backward_panels(idx, dout, dW, db, panel)}
             inner = max(1, 20000 // (bsz * s))
             times = {k: [] for k in calls}
             for f in calls.values():
