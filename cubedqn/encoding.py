@@ -324,8 +324,8 @@ class InputGroups:
 
     groups: tuples of index columns; values: per group, the tuples of W1 rows (one per
     column, in column order) that occur; digit (in_dim,): each W1 row's number among its
-    column's rows, below radix. `tables` is what nn's kernels take (nn.NO_GROUPS: none); a Workspace takes the
-    tables where `pays` says so."""
+    column's rows, below radix. `tables` is what nn's kernels take (nn.NO_GROUPS: none);
+    a Workspace takes the tables where `pays` says so."""
 
     def __init__(self, in_dim, groups, values, digit, radix):
         width = max(len(g) for g in groups)
