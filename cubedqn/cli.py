@@ -178,15 +178,15 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
         if (run_dir / "state.json").exists():
             raise UserError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     dev = resolve_device(cfg.device)
+    if not resume:  # before the trainer is built: an --out that cannot be written fails at once
+        write_config(run_dir, cfg)
     limit_threads(cfg.threads)
     click.echo("config: " + json.dumps({k: v for k, v in cfg.to_dict().items() if k != "description"}))
     click.echo(f"device: {dev}; run directory: {run_dir}")
     trainer = make_trainer(cfg, dev, resume=run_dir if resume else None)
     if resume:
         click.echo(f"resuming {run_dir} at gradient step {trainer.grad_steps}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    from .checkpoint import atomic_write_json
-    atomic_write_json(run_dir / "config.json", cfg.to_dict())
+        write_config(run_dir, cfg)  # the steps and minutes it now runs to
 
     def on_log(r):
         solve = "-" if r["solve_rate"] is None else f"{r['solve_rate']:.2f}"
@@ -220,6 +220,16 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     click.echo(f"checkpoint: {run_dir}")
     click.echo(f"evaluate with: cubedqn eval --checkpoint {run_dir}"
                + (" --random-states 1000" if cfg.puzzle == "cube2" else ""))
+
+
+def write_config(run_dir: Path, cfg):
+    """Create run_dir if needed and write its config.json (atomically); exit 2 if it cannot."""
+    from .checkpoint import atomic_write_json
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run_dir / "config.json", cfg.to_dict())
+    except OSError as e:
+        raise UserError(f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
 
 
 def make_trainer(cfg, device, resume=None):
@@ -461,7 +471,8 @@ def solve(checkpoint, scramble, facelets, search, beam_width, astar_weight, max_
         click.echo(json.dumps(out))
         return
     if ok[0]:
-        click.echo(f"solution ({out['length']} moves, verified, {out['seconds'] * 1e3:.1f} ms): {out['solution']}")
+        click.echo(f"solution ({out['length']} moves, verified, {out['seconds'] * 1e3:.1f} ms): "
+                   f"{out['solution'] or '(none: the cube is already solved)'}")
     else:
         click.echo(f"no solution found within {max_moves} moves ({search})")
         sys.exit(1)
@@ -566,7 +577,12 @@ def plot(run_dir, out):
             ax.set_yscale("log")
     fig.tight_layout()
     out = Path(out) if out else Path(run_dir) / "metrics.png"
-    fig.savefig(out, dpi=100)
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as e:
+        raise UserError(f"cannot write {out}: {e.strerror or e}") from None
+    except ValueError as e:  # an image format matplotlib does not know, named by the suffix
+        raise UserError(f"cannot write {out}: {e}") from None
     click.echo(f"wrote {out}")
 
 

@@ -252,6 +252,10 @@ class Trainer:
             previous = signal.signal(signal.SIGINT, lambda *_: setattr(self, "interrupted", True))
         try:
             self._loop(target, deadline, learn_after, run_dir, metrics, on_log)
+            if (metrics or on_log) and self.grad_steps > self._interval_start[1]:
+                # the steps since the last log line (a run shorter than log_interval, or one
+                # stopped by its time budget or Ctrl-C), so that every run leaves its record
+                self.log(metrics, on_log)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)

@@ -232,6 +232,31 @@ def test_plot_and_profiles(trained, tmp_path):
     for name in ("cube2-quick", "cube2", "cube2-fast", "cube2-quality", "cube3"):
         assert name in r.output
     assert "cube2-quick" in run(["train", "--profile", "list"]).output
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    one_line_error(["plot", str(trained), "--out", str(blocker / "m.png")], f"cannot write {blocker / 'm.png'}")
+    one_line_error(["plot", str(trained), "--out", str(tmp_path / "m.xyz")], "Format 'xyz' is not supported")
+
+
+def test_unwritable_run_directory_is_one_line(tmp_path):
+    blocker = tmp_path / "a-file"  # a file where the run directory's parent should be (root may write anywhere)
+    blocker.write_text("")
+    one_line_error(["train", "--puzzle", "cube2", "--hidden", "16", "--steps", "1", "--out", str(blocker / "run")],
+                   f"cannot write the run directory {blocker / 'run'}")
+
+
+def test_a_run_shorter_than_its_log_interval_still_leaves_its_record(tmp_path):
+    out = tmp_path / "short"
+    r = run(["train", "--profile", "cube2-quick", "--steps", "7", "--minutes", "0", "--out", str(out)] + TINY
+            + ["--log-interval", "1000"])  # the later value wins
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [rec["step"] for rec in recs] == [7] and "step        7/7" in r.output
+
+
+def test_solving_a_solved_cube_says_so(trained):
+    p = get_puzzle("cube2")
+    r = run(["solve", "--checkpoint", str(trained), "--facelets", to_facelets(p.solved)])
+    assert "solution (0 moves, verified" in r.output and "already solved" in r.output
 
 
 def test_profile_json_contract():
