@@ -43,17 +43,23 @@ class BlasThreadTuner:
 
     A probe times four blocks at T, 1, 1 and T BLAS threads (ABBA: a steady drift in the
     host's speed cancels); a block lasts at least `block_seconds` of loop time and
-    `min_steps` gradient steps. Then it keeps T threads only if they ran at least `margin`
+    `min_steps` gradient steps. Where the first two blocks already read T threads more than
+    `slowdown` slower than one, it keeps one without the other two (half the probe's cost
+    where two threads run at half speed, as they do on a busy 2-vCPU host; the blocks at T
+    are the probe's cost there). Else it keeps T threads only if they ran at least `margin`
     faster per gradient step than one, else one (short probes on a noisy host err, and the
     error is cheaper towards one thread: that count is the one-thread run's own, which T
     threads must not fall behind; until stop 24 ties went to T, and a `cube2` preset run
-    that kept two on a probe reading them equal to one ran 0.91x a one-thread run, README,
-    Performance), and probes again after `interval_seconds` of
+    that kept two on a probe reading them equal to one ran 0.91x a one-thread run,
+    docs/performance-log.md), and probes again after `interval_seconds` of
     loop time, or sooner when the host changes under it: once `check_seconds` of loop time
     (and `min_steps` gradient steps) ran more than `slowdown` slower per gradient step than
-    the last probe measured the count in use (a second core taken by another process after
-    the probe; on a 2-vCPU Zen 4 host a run kept two BLAS threads on a probe reading them 4%
-    faster, then ran at 1.6x the probe's time for the rest of it, README, Performance). The
+    the last probe measured the count in use, or, with T threads in use, slower than it
+    measured one thread (a second core taken by another process after the probe; on a
+    2-vCPU Zen 4 host a run kept two BLAS threads on a probe reading them 4% faster, then ran
+    at 1.6x the probe's time for the rest of it, docs/performance-log.md; on the same host two
+    threads flip between 0.85x and 1.8x one thread's step time from one half second to the
+    next, so the window is half a second: a 2,000-step `profile` run lasts about two). The
     first probe starts at the first gradient step. The trainer reports the
     time of each env iteration (`spent`) and gradient step (`step_done`), so evaluation,
     logging and checkpoints are not counted. The choice does not change results where every
@@ -66,7 +72,7 @@ class BlasThreadTuner:
 
     def __init__(self, threads: int, interval_seconds: float = 30.0, block_seconds: float = 0.1,
                  min_steps: int = 4, margin: float = 0.05, set_threads=set_blas_threads,
-                 check_seconds: float = 2.0, slowdown: float = 0.25):
+                 check_seconds: float = 0.5, slowdown: float = 0.25):
         if threads < 2 or min_steps < 1 or block_seconds < 0 or interval_seconds < 0 or check_seconds < 0:
             raise ValueError("the tuner needs threads >= 2, min_steps >= 1 and non-negative times")
         self.threads, self.interval, self.block, self.min_steps = threads, interval_seconds, block_seconds, min_steps
@@ -106,10 +112,11 @@ class BlasThreadTuner:
         total = self.totals[self.schedule[self.phase]]
         total[0] += self.elapsed
         total[1] += self.steps
-        if self.phase + 1 < len(self.schedule):
+        per_step = {n: t / k for n, (t, k) in self.totals.items() if k}
+        decided = len(per_step) == 2 and per_step[self.threads] > (1 + self.slowdown) * per_step[1]
+        if self.phase + 1 < len(self.schedule) and not decided:
             self._begin_block(self.phase + 1)
             return
-        per_step = {n: t / k for n, (t, k) in self.totals.items()}
         self.last_probe = per_step
         best = self.threads if per_step[self.threads] < (1.0 - self.margin) * per_step[1] else 1
         self.set_threads(best)
@@ -119,12 +126,18 @@ class BlasThreadTuner:
 
     def _slowed(self) -> bool:
         """Whether the window just ended ran `slowdown` slower per gradient step than the last
-        probe read for the count in use (a window ends after check_seconds and min_steps)."""
+        probe read for the count in use, or T threads in use ran slower than it read one
+        thread (a window ends after check_seconds and min_steps)."""
         seconds, steps = self.window
         if seconds < self.check or steps < self.min_steps:
             return False
         self.window = [0.0, 0]
-        return self.last_probe is not None and seconds / steps > (1 + self.slowdown) * self.last_probe[self.current]
+        if self.last_probe is None:
+            return False
+        limit = (1 + self.slowdown) * self.last_probe[self.current]
+        if self.current != 1:
+            limit = min(limit, self.last_probe[1])
+        return seconds / steps > limit
 
     def _clear_totals(self):
         self.totals = {self.threads: [0.0, 0], 1: [0.0, 0]}  # seconds, gradient steps per count

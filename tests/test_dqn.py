@@ -640,15 +640,17 @@ def test_blas_tuner_probes_abba_and_keeps_the_faster_count(one_is_faster):
     from cubedqn.threads import BlasThreadTuner
     tuner = BlasThreadTuner(2, interval_seconds=60.0, block_seconds=5.0, min_steps=2)
     times = {1: 1.0, 2: 2.0} if one_is_faster else {1: 2.0, 2: 1.0}
-    # the first step starts the probe; a block is 5 s and >= 2 steps: 4 steps at 1.5 s, 2 at 3 s
-    steps = 1 + sum(2 if times[n] == 2.0 else 4 for n in (2, 1, 1, 2))
+    # the first step starts the probe; a block is 5 s and >= 2 steps: 4 steps at 1.5 s, 2 at 3 s.
+    # Two threads at half speed are decided after the first two blocks (see the next test)
+    blocks = (2, 1) if one_is_faster else (2, 1, 1, 2)
+    steps = 1 + sum(2 if times[n] == 2.0 else 4 for n in blocks)
     calls = run_tuner(tuner, times, steps)
     best = 1 if one_is_faster else 2
-    assert calls == [2, 1, 1, 2, best] and tuner.current == best and tuner.probes == 1
+    assert calls == [*blocks, best] and tuner.current == best and tuner.probes == 1
     assert tuner.last_probe == {2: 1.5 * times[2], 1: 1.5 * times[1]}  # loop seconds per gradient step
     quiet = int(60.0 / (1.5 * times[best]))
     assert run_tuner(tuner, times, quiet - 1) == [] and tuner.current == best  # under 60 s of loop time
-    assert run_tuner(tuner, times, 1 + steps)[:4] == [2, 1, 1, 2]  # then the next probe
+    assert run_tuner(tuner, times, 1 + steps)[:len(blocks)] == list(blocks)  # then the next probe
     assert tuner.probes == 2
 
 
@@ -666,7 +668,7 @@ def test_blas_tuner_needs_a_margin_to_keep_the_requested_count_and_pause_restore
     calls = run_tuner(tuner, {1: 1.0, 2: 3.0}, 6)  # stopped inside the probe's second block
     tuner.pause()
     assert calls == [2, 1, 2] and tuner._in_use == 2 and tuner.phase == -1 and tuner.probes == 0
-    assert run_tuner(tuner, {1: 1.0, 2: 3.0}, 13) == [2, 1, 1, 2, 1]  # the next run probes at once
+    assert run_tuner(tuner, {1: 1.0, 2: 3.0}, 7) == [2, 1, 1]  # the next run probes at once
     with pytest.raises(ValueError, match="threads >= 2"):
         BlasThreadTuner(1)
 
@@ -680,14 +682,40 @@ def test_blas_tuner_probes_again_when_the_count_in_use_slows_down():
                             slowdown=0.25)
     assert run_tuner(tuner, {1: 1.0, 2: 0.5}, 13) == [2, 1, 1, 2, 2] and tuner.current == 2
     # the second core gone: two threads now 3x slower, one as before. A window (>= 1 s, >= 3
-    # steps: 3 steps of 2.25 s loop time, against 0.75 probed) ends, then a 12-step probe
-    assert run_tuner(tuner, {1: 1.0, 2: 1.5}, 15) == [2, 1, 1, 2, 1] and tuner.current == 1
+    # steps: 3 steps of 2.25 s loop time, against 0.75 probed) ends, then a probe, decided
+    # after its first two blocks (two threads 50% slower than one)
+    assert run_tuner(tuner, {1: 1.0, 2: 1.5}, 15) == [2, 1, 1] and tuner.current == 1
     assert tuner.probes == 2 and tuner.last_probe == {2: 2.25, 1: 1.5}
     # 20% slower than that probe: under the 25% slowdown, no probe
     assert run_tuner(tuner, {1: 1.2, 2: 1.8}, 30) == [] and tuner.probes == 2
     # 50% slower: one probe (one thread still faster), then its times are the baseline
-    assert run_tuner(tuner, {1: 1.5, 2: 2.7}, 15) == [2, 1, 1, 2, 1] and tuner.probes == 3
+    assert run_tuner(tuner, {1: 1.5, 2: 2.7}, 15) == [2, 1, 1] and tuner.probes == 3
     assert run_tuner(tuner, {1: 1.5, 2: 2.7}, 30) == [] and tuner.probes == 3
+
+
+def test_blas_tuner_decides_after_two_blocks_only_when_t_threads_are_clearly_slower():
+    """The first two blocks (T, then one) end the probe where T ran more than `slowdown`
+    slower than one: one thread is kept without timing T again. 20% slower is not clear
+    enough: all four blocks, then one thread (it missed the margin)."""
+    from cubedqn.threads import BlasThreadTuner
+    tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=3, slowdown=0.25)
+    assert run_tuner(tuner, {1: 1.0, 2: 1.3}, 7) == [2, 1, 1] and tuner.current == 1
+    assert tuner.last_probe == {2: 1.5 * 1.3, 1: 1.5}
+    tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=3, slowdown=0.25)
+    assert run_tuner(tuner, {1: 1.0, 2: 1.2}, 13) == [2, 1, 1, 2, 1] and tuner.current == 1
+
+
+def test_blas_tuner_probes_again_when_t_threads_fall_behind_one():
+    """T threads kept on a probe reading them 10% faster than one, then 15% slower than
+    that probe: under the 25% slowdown, but behind the one-thread time the probe read, so
+    it probes again (and keeps one); one thread 15% slower than its probe does not."""
+    from cubedqn.threads import BlasThreadTuner
+    tuner = BlasThreadTuner(2, interval_seconds=1000.0, block_seconds=0.0, min_steps=3, check_seconds=1.0,
+                            slowdown=0.25)
+    assert run_tuner(tuner, {1: 1.0, 2: 0.9}, 13) == [2, 1, 1, 2, 2] and tuner.current == 2
+    assert run_tuner(tuner, {1: 1.0, 2: 1.035}, 15) == [2, 1, 1, 2, 1] and tuner.current == 1  # all four blocks
+    assert tuner.probes == 2
+    assert run_tuner(tuner, {1: 1.15, 2: 1.5}, 30) == [] and tuner.probes == 2
 
 
 def test_training_with_blas_thread_switches_equals_one_thread_bitwise():
