@@ -318,7 +318,8 @@ class InputGroups:
     stickers are 26 groups (6 centres, 8 corners, 12 edges) with 516 table rows, the
     2x2x2's 24 are 8 corners with 192 (encoding.sticker_groups). panels.py builds the
     table rows per column panel from W1's panel, so the tables never go to memory; only
-    the forward uses them (the backward's scatter through tables was no faster, README).
+    the forward uses them (the backward's scatter through tables was no faster,
+    docs/performance-log.md).
     A call whose rows include a value not listed (stickers that are no state of the
     puzzle) sums W1 rows as before.
 
@@ -348,7 +349,7 @@ class InputGroups:
     def pays(self, rows: int, layout) -> bool:
         """Whether a workspace of `rows` rows takes the tables: the sums they save per call
         (rows x (columns - groups)) at least 3x what building them costs (a load per member,
-        a store per table row). Measured alone (Zen 4, README): the 3x3x3's 256 rows ran
+        a store per table row). Measured alone (Zen 4, docs/performance-log.md): the 3x3x3's 256 rows ran
         20% faster hot and 12% from memory, the 2x2x2's 128 rows no faster; 3x takes the
         first and not the second."""
         return (layout.in_dim == self.in_dim and

@@ -44,7 +44,7 @@ Tables: given n_t table rows (encoding.InputGroups: one per joint value of a cub
 each the sum of its W1 rows), the gather builds them per panel from W's copied panel
 into the scratch after it (zero, then the listed W rows in order), and idx then lists
 table rows: a 3x3x3 row sums 26 of them instead of 54 W1 rows. The scatter has no
-tables (through them it was no faster in a training step, README).
+tables (through them it was no faster in a training step, docs/performance-log.md).
 
 Summation order per output element: bias, then the stickers in index order, one add
 each: a row's result does not depend on the other rows of the batch (the target cache

@@ -74,8 +74,8 @@ N_MIN = 8                   # narrower products stay with the library (a vector 
 # the longest K taken with A as is (or B transposed): two blocks, or four on the CPUs listed
 # (by LLVM's name for them) where the tile measured faster than OpenBLAS at K = 1024 too,
 # the 3x3x3 net's 1024 -> 512 layer (Zen 4: 1.02-1.09x alone, 1.03-1.06x the whole cube3
-# step; on a Sapphire Rapids-class host 0.92-1.03x, so the library keeps it there; README,
-# Performance)
+# step; on a Sapphire Rapids-class host 0.92-1.03x, so the library keeps it there;
+# docs/performance-log.md)
 K_MAX_BY_CPU = {"znver4": 1024}
 K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512)
 # a transposed A is taken up to this K, and this many rows of C unless N <= LANES (the

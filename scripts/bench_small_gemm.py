@@ -13,7 +13,8 @@ ctypes pointer; B is packed into 32-column panels inside the call ("packed") or 
 ("prepacked": a forward pass could pack each weight matrix once per optimizer step). Needs
 AVX-512 and M, N multiples of 8 and 32. The engine's own tile, which packs one 32-column
 panel at a time into L1 inside the call, is cubedqn/tile_gemm.py (scripts/bench_tile_gemm.py
-times it); this earlier experiment is kept for its numbers in README.
+times it); this earlier experiment is kept for its numbers in
+docs/performance-log.md.
 
   python scripts/bench_small_gemm.py          # LLVM's default vector width (256-bit here)
   python scripts/bench_small_gemm.py --zmm    # 512-bit vectors (host features, -prefer-256-bit)
