@@ -349,9 +349,9 @@ class InputGroups:
     def pays(self, rows: int, layout) -> bool:
         """Whether a workspace of `rows` rows takes the tables: the sums they save per call
         (rows x (columns - groups)) at least 3x what building them costs (a load per member,
-        a store per table row). Measured alone (Zen 4, docs/performance-log.md): the 3x3x3's 256 rows ran
-        20% faster hot and 12% from memory, the 2x2x2's 128 rows no faster; 3x takes the
-        first and not the second."""
+        a store per table row). Measured alone (Zen 4, docs/performance-log.md): the
+        3x3x3's 256 rows ran 20% faster hot and 12% from memory, the 2x2x2's 128 rows no
+        faster; 3x takes the first and not the second."""
         return (layout.in_dim == self.in_dim and
                 rows * (layout.n_active - self.n_groups) >= 3 * (self.n_members + self.n_tables))
 

@@ -436,7 +436,8 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
     if not (dW.dtype == dout.dtype == db.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
         return lambda idx, dout, dW, db, panel: 0
 
-    def run(idx, dout, dW, db, panel):  # W1 rows, not tables (they did not pay here: docs/performance-log.md)
+    # W1 rows, not tables (they did not pay here: docs/performance-log.md)
+    def run(idx, dout, dW, db, panel):
         n, s = idx.shape
         n_in = dW.shape[0]
         hp = _panel_columns(idx, dW, dout, db, panel, _lists_end(n_in, n, s, 0, 0))

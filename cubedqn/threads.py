@@ -58,7 +58,7 @@ class BlasThreadTuner:
     measured one thread (a second core taken by another process after the probe; on a
     2-vCPU Zen 4 host a run kept two BLAS threads on a probe reading them 4% faster, then ran
     at 1.6x the probe's time for the rest of it, docs/performance-log.md; on the same host two
-    threads flip between 0.85x and 1.8x one thread's step time from one half second to the
+    threads flip between 0.8x and 1.8x one thread's step time from one half second to the
     next, so the window is half a second: a 2,000-step `profile` run lasts about two). The
     first probe starts at the first gradient step. The trainer reports the
     time of each env iteration (`spent`) and gradient step (`step_done`), so evaluation,
