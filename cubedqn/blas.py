@@ -21,6 +21,12 @@ runs on one thread and calls the library, bound as `cubedqn_blas_sgemm64`, for t
 it is checked on small products at import and not bound if that fails.
 `CUBEDQN_TILE_GEMM=0` binds the library alone.
 
+Precision: `set_matmul_precision("bfloat16")` (where the CPU has AVX512_BF16 and the tile is
+bound; config key `matmul_precision`) sends every product the tile is given, its bias GEMM's too, to tile_bf16.py's
+kernel: operands rounded to bfloat16, products summed in float32, twice the float32
+tile's FLOPs per cycle on Zen 4. It is a process-wide switch, as PyTorch's
+`torch.set_float32_matmul_precision`; "float32" (the start) turns it back.
+
 The choice lives in the symbol, not in the compiled kernels: a kernel loaded from Numba's
 cache calls `cubedqn_sgemm64` by name, so it stays valid when the choice changes. float64
 (gradient checks) always uses np.dot. Threads: `threads.limit_threads` limits every
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import llvmlite.binding as llb
@@ -47,7 +54,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import overload
 
-from . import tile_gemm
+from . import tile_bf16, tile_gemm
 
 SYMBOL = "cubedqn_sgemm64"
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -388,3 +395,100 @@ TILE_WANTED = _TILE_ENV != "0"
 BACKEND, BACKEND_INFO, CONFIG_PROBLEM, _LIBRARY_ADDRESS = _bind()
 _TILE_ENGINE, TILE_STATUS = _bind_tile(_LIBRARY_ADDRESS)
 TILE = _TILE_ENGINE is not None  # tile_gemm.py takes the products it is faster on
+
+
+def _check_bf16(sgemm, bias_gemm) -> bool:
+    """With the bf16 switch on: does TILE give reference.gemm_bf16 within float32 rounding
+    (A and B as is and transposed, K odd, in one block and in two; 8-row blocks, 16-row
+    blocks of a one-vector tail, a leftover row, tail columns), the same bits row by row
+    whatever the number of rows, and TILE_BIAS the same plus the bias and ReLU?"""
+    from .reference import bf16_round, gemm_bf16
+    rng = np.random.default_rng(3)
+    m = 17
+    for ta, tb, k, n in ((NO_TRANS, NO_TRANS, 7, 40), (TRANS, NO_TRANS, 7, 40), (NO_TRANS, TRANS, 301, 57),
+                         (TRANS, TRANS, 300, 12), (NO_TRANS, NO_TRANS, 300, 12), (TRANS, NO_TRANS, 301, 64)):
+        a = rng.standard_normal((m, k + 3) if ta == NO_TRANS else (k, m + 3)).astype(np.float32)
+        b = rng.standard_normal((k, n + 2) if tb == NO_TRANS else (n, k + 2)).astype(np.float32)
+        op_a = a[:, :k] if ta == NO_TRANS else a[:, :m].T
+        op_b = b[:, :n] if tb == NO_TRANS else b[:, :k].T
+        want = gemm_bf16(op_a, op_b)
+        # float32 sums of K exact products: within K roundings of the float64 sum's scale
+        tol = 2.0 * k * np.finfo(np.float32).eps * (np.abs(bf16_round(op_a)) @ np.abs(bf16_round(op_b)))
+        outs = []
+        for rows in (m, 1):
+            buf = np.full((m, n + 1), np.nan, np.float32)
+            sgemm(ROW_MAJOR, ta, tb, rows, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0.0,
+                  buf.ctypes.data, n + 1)
+            outs.append(buf[:rows, :n])
+        if not (np.all(np.abs(outs[0] - want) <= tol) and np.array_equal(outs[1], outs[0][:1])):
+            return False
+        if ta == tb == NO_TRANS:
+            bias = rng.standard_normal(n).astype(np.float32)
+            got = np.full((m, n), np.nan, np.float32)
+            if bias_gemm(m, n, k, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], got.ctypes.data, n,
+                         bias.ctypes.data, 1) != 1 or \
+                    not np.array_equal(got, np.maximum(outs[0] + bias, np.float32(0))):
+                return False
+    return True
+
+
+def _bind_bf16():
+    """(setter of the bf16 switch, or None, and why not)."""
+    if _TILE_ENGINE is None:
+        return None, f"needs the tile GEMM (tile_gemm.py), which is {TILE_STATUS}"
+    if not tile_bf16.host_has_bf16():
+        return None, "needs a CPU with AVX512_BF16 (this one has none)"
+    setter = ctypes.CFUNCTYPE(None, ctypes.c_int32)(_TILE_ENGINE.get_function_address(tile_gemm.SET_PRECISION))
+    setter(1)
+    try:
+        ok = _check_bf16(_CTYPES_SIG(_TILE_ENGINE.get_function_address(tile_gemm.TILE)),
+                         _BIAS_CTYPES(_TILE_ENGINE.get_function_address(tile_gemm.TILE_BIAS)))
+    finally:
+        setter(0)
+    return (setter, None) if ok else (None, "not used: its kernel failed the check on small products")
+
+
+_bf16 = None  # (setter or None, why not), bound and checked at the first bf16_problem()
+
+
+def bf16_problem():
+    """None where set_matmul_precision("bfloat16") can be had, else why not (one line). The
+    first call binds the switch and checks the kernel (a few ms), so that processes that
+    never ask for bfloat16 pay nothing."""
+    global _bf16
+    if _bf16 is None:
+        _bf16 = _bind_bf16()
+    return _bf16[1]
+
+
+MATMUL_PRECISIONS = ("float32", "bfloat16")
+_precision = "float32"
+
+
+def set_matmul_precision(name: str) -> None:
+    """"float32" or "bfloat16" for every GEMM the engine's kernels make from now on, in this
+    process. ValueError (one line, saying why) for another name or a bfloat16 this CPU or
+    build cannot give."""
+    global _precision
+    if name not in MATMUL_PRECISIONS:
+        raise ValueError(f"matmul_precision must be one of: {', '.join(MATMUL_PRECISIONS)}, got '{name}'")
+    if name == "bfloat16" and bf16_problem():
+        raise ValueError(f"matmul_precision bfloat16 {bf16_problem()}")
+    if _bf16 is not None and _bf16[0] is not None:
+        _bf16[0](1 if name == "bfloat16" else 0)
+    _precision = name
+
+
+def matmul_precision() -> str:
+    return _precision
+
+
+@contextmanager
+def matmul_precision_as(name: str):
+    """set_matmul_precision(name) for the block, the precision before it restored after."""
+    before = _precision
+    set_matmul_precision(name)
+    try:
+        yield
+    finally:
+        set_matmul_precision(before)

@@ -119,16 +119,18 @@ def host_has_avx512() -> bool:
     return "+avx512f" in host_features().split(",")
 
 
-def load_or_compile(stem, source_file, build_ir, symbols, extra_features=""):
+def load_or_compile(stem, source_files, build_ir, symbols, extra_features=""):
     """(engine, "cache" or "compiled"): the object code of build_ir() for this CPU, from
     the cache file when one matches, else compiled now (and written to the cache). The
-    key is source_file's text, so an edit there compiles afresh. Raises where LLVM cannot
+    key is the text of source_files (a path, or a tuple of the paths whose code writes the
+    IR), so an edit there compiles afresh. Raises where LLVM cannot
     compile the IR here. extra_features are appended to the host's (e.g. "-prefer-256-bit")."""
     llb.initialize_native_target()
     llb.initialize_native_asmprinter()
     cpu, features = llb.get_host_cpu_name(), host_features() + extra_features
     tm = llb.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
-    path = _cache_path(stem, Path(source_file).read_text(), tm.triple, cpu, features)
+    files = (source_files,) if isinstance(source_files, (str, Path)) else source_files
+    path = _cache_path(stem, "\0".join(Path(f).read_text() for f in files), tm.triple, cpu, features)
     obj = _read_cached(path)
     if obj is not None:
         try:

@@ -132,3 +132,25 @@ def double_dqn_targets(rewards, dones, discounts, q_next_online, q_next_target):
 
 def dqn_targets(rewards, dones, discounts, q_next_target):
     return rewards + discounts * (1 - dones) * q_next_target.max(axis=1)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 x rounded to the nearest bfloat16 (ties to even), as float32 (finite x)."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16
+    return u.astype(np.uint32).view(np.float32).reshape(np.shape(x))
+
+
+def gemm_bf16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a (M,K) @ b (K,N) as the bf16 tile (tile_bf16.py) defines it: both rounded to bf16,
+    products exact in float32, per pair p of k: acc += a[2p+1] b[2p+1], then acc += a[2p] b[2p],
+    float32 sums from zero in that order (an odd K's last pair has a zero second half).
+    Denormal flushing is not modelled (test data stays normal)."""
+    a, b = bf16_round(a), bf16_round(b)
+    m, k = a.shape
+    acc = np.zeros((m, b.shape[1]), np.float32)
+    for p in range(0, k, 2):
+        if p + 1 < k:
+            acc = acc + np.outer(a[:, p + 1], b[p + 1])  # float32: exact product, one rounding
+        acc = acc + np.outer(a[:, p], b[p])
+    return acc

@@ -51,6 +51,11 @@ whatever M is and whichever 8-row block or single row it falls in: a row's resul
 depends on the other rows of the call (the chunked paths and the target cache rely on
 that, tests/blas_rows.py).
 
+bfloat16: on CPUs with AVX512_BF16 the module also holds tile_bf16.py's kernel and a flag
+(set by blas.set_matmul_precision through SET_PRECISION); while it is on, TILE and
+TILE_BIAS hand every row-major, alpha 1, beta 0 product to that kernel whatever the
+shapes and the library's threads, and nothing to the library.
+
 What it is not: a general BLAS (no blocking for L2: K and M are bounded as above), or built
 for AVX2 (16 accumulators of 32 floats need 32 registers; on CPUs without AVX-512 nothing
 here is compiled and blas.py binds the library alone).
@@ -60,6 +65,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
+from . import tile_bf16
 from .native import counted_loop, host_cpu_name, host_has_avx512, load_or_compile
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
@@ -68,6 +74,9 @@ TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # the product to the library (then the caller runs the GEMM and its own bias pass)
 TILE_BIAS = "cubedqn_tile_sgemm_bias"
 THREADS = "cubedqn_blas_threads"  # int (): the library's thread count now (blas.py binds it)
+# void (i32): 1 sends every product TILE and TILE_BIAS are given to tile_bf16.BF16, 0 (the
+# start) back to float32; only where the module has BF16 (the CPU has AVX512_BF16)
+SET_PRECISION = "cubedqn_tile_set_bf16"
 MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), floats per zmm register
 K_BLOCK = 256               # K in blocks of this: the panel is K_BLOCK x NR floats on the stack (32 KB)
 N_MIN = 8                   # narrower products stay with the library (a vector would be mostly idle)
@@ -97,8 +106,18 @@ def _bias_signature():
 
 def module_ir() -> str:
     mod = ir.Module(name="cubedqn_tile_gemm")
-    _emit(mod, epilogue=False)
-    _emit(mod, epilogue=True)
+    bf16 = None
+    if tile_bf16.host_has_bf16():
+        i32 = ir.IntType(32)
+        flag = ir.GlobalVariable(mod, i32, "cubedqn_tile_bf16_on")
+        flag.linkage, flag.initializer = "internal", ir.Constant(i32, 0)
+        setter = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i32]), name=SET_PRECISION)
+        sb = ir.IRBuilder(setter.append_basic_block("entry"))
+        sb.store(setter.args[0], flag)
+        sb.ret_void()
+        bf16 = (tile_bf16.emit(mod, _transpose), flag)
+    _emit(mod, epilogue=False, bf16=bf16)
+    _emit(mod, epilogue=True, bf16=bf16)
     return str(mod)
 
 
@@ -106,8 +125,9 @@ def _declare(mod, name, ftype):
     return mod.globals.get(name) or ir.Function(mod, ftype, name=name)
 
 
-def _emit(mod, epilogue):
-    """TILE (epilogue False) or TILE_BIAS into mod."""
+def _emit(mod, epilogue, bf16=None):
+    """TILE (epilogue False) or TILE_BIAS into mod; bf16: (tile_bf16.BF16, its on flag)
+    where the module has them."""
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec = ir.VectorType(f32, LANES)
     library = _declare(mod, LIBRARY, _signature())
@@ -144,6 +164,27 @@ def _emit(mod, epilogue):
                        b.and_(trans, b.and_(b.or_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
                                                   b.icmp_signed("<=", N, c64(LANES))),
                                             b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))
+    if bf16 is not None:  # the bf16 precision is on: every product the engine makes goes to BF16
+        bf16_fn, flag = bf16
+        on = b.and_(b.icmp_signed("!=", b.load(flag), c32(0)),
+                    b.and_(b.icmp_signed(">=", M, c64(1)), b.and_(b.icmp_signed(">=", N, c64(1)),
+                                                                  b.icmp_signed(">=", K, c64(1)))))
+        if not epilogue:
+            on = b.and_(on, b.and_(b.icmp_signed("==", order, c32(ROW_MAJOR)),
+                                   b.and_(b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)),
+                                          b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)))))
+        bf_bb, f32_bb = fn.append_basic_block("bf16"), fn.append_basic_block("float32")
+        b.cbranch(on, bf_bb, f32_bb)
+        b.position_at_end(bf_bb)
+        if epilogue:
+            kind = b.select(b.icmp_signed("!=", relu, c64(0)), c64(tile_bf16.EPI_BIAS_RELU), c64(tile_bf16.EPI_BIAS))
+            b.call(bf16_fn, [ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, kind])
+            b.ret(c64(1))
+        else:
+            b.call(bf16_fn, [ta, tb, M, N, K, A, lda, B, ldb, C, ldc,
+                             ir.Constant(f32.as_pointer(), None), c64(tile_bf16.EPI_NONE)])
+            b.ret_void()
+        b.position_at_end(f32_bb)
     fits = conds[0]
     for cond in conds[1:]:
         fits = b.and_(fits, cond)
@@ -409,4 +450,5 @@ def compile_tile():
     if not host_has_avx512():
         raise RuntimeError("needs AVX-512 (16 accumulators of 32 floats)")
     # LLVM's default for these CPUs is 256-bit vectors; the tile is written for 512
-    return load_or_compile("tile-gemm", __file__, module_ir, (TILE, TILE_BIAS), ",-prefer-256-bit")
+    symbols = (TILE, TILE_BIAS) + ((SET_PRECISION,) if tile_bf16.host_has_bf16() else ())
+    return load_or_compile("tile-gemm", (__file__, tile_bf16.__file__), module_ir, symbols, ",-prefer-256-bit")
