@@ -40,6 +40,7 @@ class Config:
     input_symmetry: int = 1               # 2x2x2: 1, 6 or 48 symmetric images of a position share one input
     input_encoding: str = "stickers"      # stickers | cubies (2x2x2: slot -> cubie + twist) | pairs
     precision: str = "float32"
+    matmul_precision: str = "float32"     # bfloat16: the CPU GEMMs on bf16-rounded operands (AVX512_BF16)
     # environments and exploration
     n_envs: int = 64
     max_episode_moves: int = 30
@@ -176,6 +177,13 @@ def validate(c: Config) -> Config:
     _check(c.input_encoding != "pairs" or c.canonical_input,
            "input_encoding = pairs needs canonical_input = true")
     _check(c.precision in ("float32", "float64"), f"precision must be float32 or float64, got '{c.precision}'")
+    _check(c.matmul_precision in ("float32", "bfloat16"),
+           f"matmul_precision must be float32 or bfloat16, got '{c.matmul_precision}'")
+    if c.matmul_precision == "bfloat16":
+        from . import blas
+        _check(c.precision == "float32", "matmul_precision = bfloat16 needs precision = float32")
+        _check(c.device != "cuda", "matmul_precision = bfloat16 is for the CPU (the CUDA path runs float32)")
+        _check(not blas.bf16_problem(), f"matmul_precision = bfloat16 {blas.bf16_problem()}")
     for name in ("n_envs", "max_episode_moves", "buffer_size", "batch_size", "train_freq",
                  "gradient_steps", "target_update_interval", "n_step", "grad_accum", "threads",
                  "log_interval", "curriculum_eval_n", "eval_interval", "depth_min", "depth_max",

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__
+from .blas import matmul_precision_as
 from .checkpoint import CheckpointError, atomic_savez, atomic_write_json, read_json, read_npz
 from .config import Config, ConfigError, validate
 from .cube import METRICS, get_puzzle
@@ -251,7 +252,8 @@ class Trainer:
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGINT, lambda *_: setattr(self, "interrupted", True))
         try:
-            self._loop(target, deadline, learn_after, run_dir, metrics, on_log)
+            with matmul_precision_as(c.matmul_precision):  # the GEMMs of acting, learning and evaluation
+                self._loop(target, deadline, learn_after, run_dir, metrics, on_log)
             if (metrics or on_log) and self.grad_steps > self._interval_start[1]:
                 # the steps since the last log line (a run shorter than log_interval, or one
                 # stopped by its time budget or Ctrl-C), so that every run leaves its record

@@ -46,20 +46,32 @@ def peak_gflops(dtype=np.float32, n=1024, reps=5) -> float:
 
 def _fma_ceiling_ir(double, lanes, chains, name):
     """IR of `fma_loop(n)` as function `name`: `chains` independent chains of vector FMAs
-    (lanes wide), n rounds, no memory traffic; returns one lane of their sum (so nothing is
-    dead code)."""
+    (lanes wide; float64 if double is True, bf16 dot products if it is "bf16", else float32),
+    n rounds, no memory traffic; returns one lane of their sum (so nothing is dead code)."""
     import llvmlite.ir as ir
     from .native import counted_loop
-    fty = ir.DoubleType() if double else ir.FloatType()
+    fty = ir.DoubleType() if double is True else ir.FloatType()
     vec, i64 = ir.VectorType(fty, lanes), ir.IntType(64)
     mod = ir.Module(name="cubedqn_fma_ceiling")
-    fma = ir.Function(mod, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}{'f64' if double else 'f32'}")
     fn = ir.Function(mod, ir.FunctionType(fty, [i64]), name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    x, y = ir.Constant(vec, [1.0000001] * lanes), ir.Constant(vec, [1e-7] * lanes)
+    if double == "bf16":  # VDPBF16PS: acc += two bf16 products per float32 lane
+        from .tile_bf16 import _BFloat
+        pairs = ir.VectorType(_BFloat(), 2 * lanes)
+        dot = ir.Function(mod, ir.FunctionType(vec, [vec, pairs, pairs]), "llvm.x86.avx512bf16.dpbf16ps.512")
+        x = b.bitcast(ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0x3F803F80] * lanes), pairs)  # 1.0, 1.0
+
+        def step(a):
+            return b.call(dot, [a, x, x])
+    else:
+        fma = ir.Function(mod, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}{'f64' if double else 'f32'}")
+        x, y = ir.Constant(vec, [1.0000001] * lanes), ir.Constant(vec, [1e-7] * lanes)
+
+        def step(a):
+            return b.call(fma, [a, x, y])
     _, accs, close = counted_loop(b, ir.Constant(i64, 0), fn.args[0], 1, "round",
                                   [ir.Constant(vec, [float(c)] * lanes) for c in range(chains)])
-    close([b.call(fma, [a, x, y]) for a in accs])
+    close([step(a) for a in accs])
     total = accs[0]
     for a in accs[1:]:
         total = b.fadd(total, a)
@@ -93,12 +105,28 @@ def fma_loop(dtype=np.float32):
     return _FMA_LOOPS[key][1:]
 
 
+def bf16_loop():
+    """(loop, lanes, chains) as fma_loop, of VDPBF16PS (two bf16 products per lane) chains;
+    for CPUs with AVX512_BF16 (the ceiling of tile_bf16.py's products)."""
+    import ctypes
+
+    from .native import load_or_compile
+    if "bf16" not in _FMA_LOOPS:
+        name = "cubedqn_bf16_dot_loop"
+        engine, _ = load_or_compile("bf16-ceiling", (__file__, Path(__file__).with_name("tile_bf16.py")),
+                                    lambda: _fma_ceiling_ir("bf16", 16, 16, name), (name,), ",-prefer-256-bit")
+        loop = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address(name))
+        _FMA_LOOPS["bf16"] = (engine, loop, 16, 16)
+    return _FMA_LOOPS["bf16"][1:]
+
+
 def fma_ceiling_gflops(dtype=np.float32, reps=5, seconds=0.02) -> float:
     """The most floating-point operations per second one core does here: the best of reps
     readings (about `seconds` each) of fma_loop, vector FMAs in registers and nothing else.
-    No GEMM can run faster; the sgemm peak says how close the library gets."""
-    loop, lanes, chains = fma_loop(dtype)
-    flops_per_round = 2 * lanes * chains  # a multiply and an add per lane
+    No GEMM can run faster; the sgemm peak says how close the library gets. dtype "bf16":
+    the bf16 dot-product loop's (bf16_loop), two products per lane."""
+    loop, lanes, chains = bf16_loop() if dtype == "bf16" else fma_loop(dtype)
+    flops_per_round = (4 if dtype == "bf16" else 2) * lanes * chains  # multiplies and adds per lane
     rounds = 1000
     while True:  # find how many rounds take about `seconds`
         t = time.perf_counter()
@@ -239,6 +267,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     peak = max(peak_before, peak_gflops(dtype))
     ceiling = _ceiling_or_none(dtype, device)
     ceiling = max(ceiling, ceiling_before) if ceiling and ceiling_before else ceiling or ceiling_before
+    bf16_ceiling = _ceiling_or_none("bf16", device) if cfg.matmul_precision == "bfloat16" else None
     n = trainer.grad_steps - g0
     phases = {k: v / n * 1e3 for k, v in trainer.timer.total.items()}
     phases["other"] += max(0.0, wall / n * 1e3 - sum(phases.values()))
@@ -261,6 +290,9 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         "phases": phases,
         "flops_per_step": fwd + bwd, "gflops": (fwd + bwd) / gemm_s / 1e9 if gemm_s > 0 else None,
         "peak_gflops": peak, "fma_ceiling_gflops": ceiling,
+        # bfloat16: the GEMM layers' products ran on bf16-rounded operands (tile_bf16.py), whose
+        # ceiling (bf16 dot products in registers) is this
+        "matmul_precision": cfg.matmul_precision, "bf16_ceiling_gflops": bf16_ceiling,
         "phase_parts": parts, **layers, "target_cache_hit_rate": hit_rate,
         "memory_bytes": {"parameters": int(trainer.learner.online.params.nbytes * 2),
                          "gradients": int(trainer.learner.gradient_nbytes),
@@ -317,6 +349,11 @@ def format_report(r: dict) -> str:
         lines.append(f"GEMM layers alone: {r['gemm_layers_gflops']:.1f} GFLOP/s "
                      f"({100 * r['gemm_layers_gflops'] / r['peak_gflops']:.0f}% of peak{ceiling}) in "
                      f"{r['gemm_layers_ms']:.4f} ms/step")
+        if r.get("matmul_precision") == "bfloat16":
+            bf = r.get("bf16_ceiling_gflops")
+            lines.append("  matmul precision bfloat16 (operands rounded to bf16, float32 sums): the percentages "
+                         "above are of float32 rates" + (f"; {100 * r['gemm_layers_gflops'] / bf:.0f}% of the "
+                                                          f"{bf:.1f} GFLOP/s bf16 dot-product ceiling" if bf else ""))
     if r.get("target_cache_hit_rate") is not None:
         lines.append(f"target cache: {100 * r['target_cache_hit_rate']:.1f}% of children's values reused "
                      f"(the rest went through the target network)")
