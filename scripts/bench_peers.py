@@ -20,7 +20,10 @@ rest at zero; a rate above the ceiling is out of reach. The rest: the step timed
 with its own PhaseTimer, minus its GEMM layers (the timer adds a few us). The host's speed changes within a run:
 the medians, the peak and the timed step are different moments, all printed.
 
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_peers.py
+With --bf16, also cubedqn with matmul_precision bfloat16 and the peers' bf16 mixed
+precision (rows "cubedqn bf16", "pytorch bf16", "jax bf16"), and a line of its ratios.
+
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_peers.py [--bf16]
 """
 
 from __future__ import annotations
@@ -76,13 +79,20 @@ def onehot(states):
 
 
 # ---------------------------------------------------------------------------------------
-def cubedqn_step(layout, puzzle, batch, sparse=True, fused=None):
+def cubedqn_step(layout, puzzle, batch, sparse=True, fused=None, matmul_precision="float32"):
     moves = np.ascontiguousarray(puzzle.moves[:12])
     enc = Encoder(puzzle, 12, canonical=False, sparse=sparse)
     lr = Learner(layout, moves, len(batch.actions), enc, targets="double", gamma=GAMMA, optimizer="momentum",
                  lr=LR, momentum=MU, max_grad_norm=CLIP, sparse=sparse, target_update_interval=10 ** 9,
                  fused=fused)
-    step = lambda: lr.train_step(batch)  # noqa: E731
+    if matmul_precision == "float32":
+        step = lambda: lr.train_step(batch)  # noqa: E731
+    else:  # the switch around each step (two native calls, ~1 us): the other rows run float32
+        from cubedqn.blas import matmul_precision_as
+
+        def step():
+            with matmul_precision_as(matmul_precision):
+                lr.train_step(batch)
     step.learner = lr
     return step
 
@@ -132,7 +142,9 @@ def numpy_step(layout, puzzle, batch):
     return step
 
 
-def torch_step(layout, puzzle, batch, device="cpu"):
+def torch_step(layout, puzzle, batch, device="cpu", bf16=False):
+    """bf16: the step's forward passes under torch.autocast(bfloat16) (Linear layers on
+    bf16 operands), PyTorch's CPU mixed precision; the weights and optimizer stay float32."""
     import torch
     torch.set_num_threads(1)
     dims = layout.widths
@@ -155,10 +167,11 @@ def torch_step(layout, puzzle, batch, device="cpu"):
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step():
-        q = online(x).gather(1, a[:, None])[:, 0]
-        with torch.no_grad():
-            a_star = online(xn).argmax(1, keepdim=True)
-            y = r + GAMMA * (1 - d) * target(xn).gather(1, a_star)[:, 0]
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            q = online(x).gather(1, a[:, None])[:, 0].float()
+            with torch.no_grad():
+                a_star = online(xn).argmax(1, keepdim=True)
+                y = r + GAMMA * (1 - d) * target(xn).gather(1, a_star)[:, 0].float()
         loss = torch.nn.functional.smooth_l1_loss(q, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -169,7 +182,9 @@ def torch_step(layout, puzzle, batch, device="cpu"):
     return step
 
 
-def jax_step(layout, puzzle, batch):
+def jax_step(layout, puzzle, batch, bf16=False):
+    """bf16: each layer's product on bf16 operands with float32 results
+    (preferred_element_type), the same arithmetic as cubedqn's bfloat16 matmuls."""
     import jax
     import jax.numpy as jnp
     rng = np.random.default_rng(0)
@@ -185,7 +200,11 @@ def jax_step(layout, puzzle, batch):
     def fwd(ps, inp):
         h = inp
         for l, (w, b) in enumerate(ps):
-            h = h @ w + b
+            if bf16:
+                h = jnp.matmul(h.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
+                               preferred_element_type=jnp.float32) + b
+            else:
+                h = h @ w + b
             if l < len(ps) - 1:
                 h = jax.nn.relu(h)
         return h
@@ -336,6 +355,9 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--peers", default="numpy,torch,jax")
+    ap.add_argument("--bf16", action="store_true",
+                    help="also time cubedqn with matmul_precision bfloat16 (CPUs with AVX512_BF16) and the peers' "
+                         "bf16 mixed precision (PyTorch autocast, JAX bf16 operands with float32 results)")
     args = ap.parse_args()
     if set(args.shapes.split(",")) - set(SHAPES):
         ap.error(f"--shapes: expected a comma-separated list of {', '.join(SHAPES)}, got {args.shapes!r}")
@@ -364,6 +386,15 @@ def main():
                     {"numpy": numpy_step, "torch": torch_step, "jax": jax_step}[peer](layout, puzzle, batch)
             except ImportError:
                 skipped.append(peer)
+        if args.bf16:
+            from cubedqn.blas import bf16_problem
+            if bf16_problem():
+                print(f"--bf16: cubedqn's bfloat16 matmuls {bf16_problem()}; bf16 rows skipped")
+            else:
+                impls["cubedqn bf16"] = cubedqn_step(layout, puzzle, batch, matmul_precision="bfloat16")
+                for peer, name, make in (("torch", "pytorch bf16", torch_step), ("jax", "jax bf16", jax_step)):
+                    if peer in args.peers.split(",") and peer not in skipped:
+                        impls[name] = make(layout, puzzle, batch, bf16=True)
         inner = max(1, args.inner // (4 if shape == "cube3" else 1))
         med = bench(impls, args.reps, inner)
         flops = 3 * layout.flops_forward(bsz, sparse=False) + layout.flops_backward(bsz, sparse=False)
@@ -375,6 +406,12 @@ def main():
         print_table(med, "cubedqn", flops)
         if skipped:
             print(f"skipped (not installed): {', '.join(skipped)}")
+        if "cubedqn bf16" in med:
+            mine = med["cubedqn bf16"]
+            pairs = [f"{med[k] / mine:.2f}x {k}" for k in ("pytorch eager", "jax jit", "pytorch bf16", "jax bf16")
+                     if k in med]
+            print(f"cubedqn bf16 (matmul_precision bfloat16): {mine * 1e3:.3f} ms/step, {med['cubedqn'] / mine:.2f}x "
+                  f"cubedqn float32; faster than: {', '.join(pairs)} (the float32 targets are for float32 steps)")
         # read before and after the timings; the host's speed changes within a run, and the
         # higher reading is the machine's rate (a low one would understate the bound)
         peak, ceiling = max(peak_before, peak_gflops()), max(ceiling_before, fma_ceiling_gflops())

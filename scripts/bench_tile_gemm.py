@@ -12,7 +12,12 @@ With --library-threads 2 the library runs on two threads (the tile always runs o
 and takes products only while the library does too): what `--threads 2` would get from
 OpenBLAS instead of the tile.
 
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_tile_gemm.py [--library-threads 2]
+With --bf16 the columns are the tile in float32 and the same symbol with the matmul
+precision bfloat16 (tile_bf16.py, CPUs with AVX512_BF16; its results checked bit for bit
+against reference.gemm_bf16), and the two ceilings (float32 FMAs, bf16 dot products)
+are printed first.
+
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_tile_gemm.py [--library-threads 2 | --bf16]
 """
 
 from __future__ import annotations
@@ -79,17 +84,27 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--library-threads", type=int, default=1, help="BLAS threads for the library column")
+    ap.add_argument("--bf16", action="store_true", help="float32 tile against bfloat16 matmuls instead")
     args = ap.parse_args()
     if args.library_threads < 1:
         ap.error(f"--library-threads: expected 1 or more, got {args.library_threads}")
     if not blas.TILE:
         sys.exit(f"the tile GEMM is not bound here: {blas.TILE_STATUS}")
+    if args.bf16 and blas.bf16_problem():
+        sys.exit(f"--bf16: bfloat16 matmuls {blas.bf16_problem()}")
     limit_threads(1)
     b = blas_info()
-    print(f"library: {b['library']} {b['version']} ({b['source']}'s) kernel {b['kernel']}, "
-          f"{args.library_threads} thread(s); tile: one thread; "
-          f"medians of {args.rounds} alternating rounds, us per product")
-    print(f"{'product':<40s} {'M x K x N':>22s} {'library':>9s} {'tile':>9s} {'GFLOP/s':>15s} {'speed-up':>9s}")
+    cols = ("float32", "bf16") if args.bf16 else ("library", "tile")
+    if args.bf16:
+        from cubedqn.profiling import fma_ceiling_gflops
+        print(f"one core's ceilings: float32 FMAs {fma_ceiling_gflops():.1f} GFLOP/s, bf16 dot products "
+              f"{fma_ceiling_gflops('bf16'):.1f} GFLOP/s; both columns the tile, medians of {args.rounds} "
+              f"alternating rounds, us per product")
+    else:
+        print(f"library: {b['library']} {b['version']} ({b['source']}'s) kernel {b['kernel']}, "
+              f"{args.library_threads} thread(s); tile: one thread; "
+              f"medians of {args.rounds} alternating rounds, us per product")
+    print(f"{'product':<40s} {'M x K x N':>22s} {cols[0]:>9s} {cols[1]:>9s} {'GFLOP/s':>15s} {'speed-up':>9s}")
     rng = np.random.default_rng(0)
     for label, m, k, n, trans in PRODUCTS:
         trans_b, trans = trans == "B", trans is True
@@ -101,19 +116,29 @@ def main():
         reps = max(5, int(2e8 // (2 * m * n * k)))
         times = [[], []]
         for _ in range(args.rounds):
-            for use_tile, (t, out) in enumerate(zip(times, outs)):
-                with threadpool_limits(limits=1 if use_tile else args.library_threads, user_api="blas"):
-                    t.append(time_us(bool(use_tile), (ta, tb, m, n, k, a, a.shape[1], bm, bm.shape[1], out), reps))
-        want = (a.T if trans else a).astype(np.float64) @ (bm.T if trans_b else bm).astype(np.float64)
-        for out in outs:
-            np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+            for second, (t, out) in enumerate(zip(times, outs)):
+                call = (ta, tb, m, n, k, a, a.shape[1], bm, bm.shape[1], out)
+                if args.bf16:
+                    with blas.matmul_precision_as("bfloat16" if second else "float32"):
+                        t.append(time_us(True, call, reps))
+                    continue
+                with threadpool_limits(limits=1 if second else args.library_threads, user_api="blas"):
+                    t.append(time_us(bool(second), call, reps))
+        op_a, op_b = (a.T if trans else a), (bm.T if trans_b else bm)
+        want = op_a.astype(np.float64) @ op_b.astype(np.float64)
+        np.testing.assert_allclose(outs[0], want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+        if args.bf16:
+            from cubedqn.reference import gemm_bf16
+            np.testing.assert_array_equal(outs[1], gemm_bf16(op_a, op_b))
+        else:
+            np.testing.assert_allclose(outs[1], want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
         lib_us, tile_us = (float(np.median(t)) for t in times)
         flops = 2.0 * m * n * k
         tg = blas.tile_gemm
         taken = n >= tg.N_MIN and (k <= tg.TRANS_A_MAX and m <= tg.TRANS_A_MAX if trans else k <= tg.K_MAX)
         shape = f"{m} x {k} x {n}{' (A^T)' if trans else ' (B^T)' if trans_b else ''}"
         print(f"{label:<40s} {shape:>22s} {lib_us:9.1f} {tile_us:9.1f} {flops / lib_us / 1e3:7.1f} "
-              f"{flops / tile_us / 1e3:7.1f} {lib_us / tile_us:8.2f}x{'' if taken else ' library'}")
+              f"{flops / tile_us / 1e3:7.1f} {lib_us / tile_us:8.2f}x{'' if taken or args.bf16 else ' library'}")
 
 
 if __name__ == "__main__":
