@@ -19,6 +19,9 @@ Deviations from the DQN paper (Mnih et al. 2015), all deliberate and documented:
   `steps` done or of the `minutes` budget spent, whichever is larger, so a run cut by the
   clock still finishes its annealing (a resumed run continues from where it stopped).
 - Epsilon decays linearly over `exploration_fraction` of the run.
+- Optional, off by default: `matmul_precision = "bfloat16"` runs the loop's GEMMs (acting,
+  learning, the curriculum's evaluation) on bf16-rounded operands with float32 sums
+  (blas.set_matmul_precision); weights, gradients and optimizer state stay float32.
 """
 
 from __future__ import annotations

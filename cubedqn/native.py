@@ -9,7 +9,8 @@ when that is set, else beside numba's own cache in this package's __pycache__; n
 neither is writable. The file starts with the SHA-256 of the object code and is used only
 if that matches (LLVM is not handed a damaged object).
 
-Also here: `counted_loop`, the one loop construct both kernel modules write their IR with.
+Also here, for the kernel modules that write IR: `counted_loop` (the one loop construct),
+`declare` and `transpose_rows` (a square block of row vectors turned in registers).
 
 What it is not: an IR builder (each kernel module writes its own) or a fallback (a
 caller that catches the exception binds plain Numba loops or another library instead).
@@ -102,6 +103,28 @@ def counted_loop(b, start, stop, step, name, carried=()):
         return phis
 
     return i, phis, close
+
+
+def declare(mod, name, ftype):
+    """The function `name` of mod (an intrinsic or an external symbol), declared if new."""
+    return mod.globals.get(name) or ir.Function(mod, ftype, name=name)
+
+
+def transpose_rows(b, rows):
+    """The 16 x 16 block given as 16 row vectors, transposed: four rounds of swapping the
+    off-diagonal t x t blocks of each 2t x 2t block (t = 8, 4, 2, 1), two-source shuffles."""
+    n = len(rows)
+    rows = list(rows)
+    t = n // 2
+    while t:
+        lo = ir.Constant(ir.VectorType(ir.IntType(32), n), [c if not c & t else n + c - t for c in range(n)])
+        hi = ir.Constant(ir.VectorType(ir.IntType(32), n), [c + t if not c & t else n + c for c in range(n)])
+        for r in range(n):
+            if not r & t:
+                a, c = rows[r], rows[r + t]
+                rows[r], rows[r + t] = b.shuffle_vector(a, c, lo), b.shuffle_vector(a, c, hi)
+        t //= 2
+    return rows
 
 
 def host_cpu_name() -> str:

@@ -47,10 +47,10 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import counted_loop, host_features
+from .native import counted_loop, declare, host_features, transpose_rows
 
 BF16 = "cubedqn_tile_bf16"
-ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+TRANS = 112                 # CBLAS's value for a transposed operand (blas.TRANS)
 MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), float32 lanes per zmm
 K_BLOCK = 256               # k values per block; the panel holds K_BLOCK // 2 pair rows (16 KB)
 PAIRS = K_BLOCK // 2
@@ -82,27 +82,22 @@ def signature():
     return ir.FunctionType(ir.VoidType(), [i32, i32, i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64])
 
 
-def _declare(mod, name, ftype):
-    return mod.globals.get(name) or ir.Function(mod, ftype, name=name)
-
-
-def emit(mod, transpose):
-    """Adds BF16 to mod; transpose(b, rows) turns a square block given as row vectors
-    (tile_gemm._transpose). Returns the function."""
+def emit(mod):
+    """Adds BF16 to mod and returns it."""
     i1, i16, i32, i64, f32 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
     bf = _BFloat()
     vec, ivec = ir.VectorType(f32, LANES), ir.VectorType(i32, LANES)
     bvec = ir.VectorType(bf, 2 * LANES)  # 16 pairs: one zmm
     fn = ir.Function(mod, signature(), name=BF16)
     ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, epi = fn.args
-    dot = _declare(mod, "llvm.x86.avx512bf16.dpbf16ps.512", ir.FunctionType(vec, [vec, bvec, bvec]))
+    dot = declare(mod, "llvm.x86.avx512bf16.dpbf16ps.512", ir.FunctionType(vec, [vec, bvec, bvec]))
 
     def masked_ops(width):
         t = ir.VectorType(f32, width)
         m = ir.VectorType(i1, width)
-        load = _declare(mod, f"llvm.masked.load.v{width}f32.p0v{width}f32",
+        load = declare(mod, f"llvm.masked.load.v{width}f32.p0v{width}f32",
                         ir.FunctionType(t, [t.as_pointer(), i32, m, t]))
-        store = _declare(mod, f"llvm.masked.store.v{width}f32.p0v{width}f32",
+        store = declare(mod, f"llvm.masked.store.v{width}f32.p0v{width}f32",
                          ir.FunctionType(ir.VoidType(), [t, t.as_pointer(), i32, m]))
         return load, store
 
@@ -269,7 +264,7 @@ def emit(mod, transpose):
                 j = b.add(j0, c64(g * LANES + c))
                 mask = kmask if masks is None else b.select(b.icmp_signed("<", j, N), kmask, none)
                 rows.append(to_bf16_pairs(load_f32(B, b.add(b.mul(j, ldb), b.add(k0, kk)), 2 * LANES, mask)))
-            for t, row in enumerate(transpose(b, rows)):  # column pairs -> pair rows of 16 columns
+            for t, row in enumerate(transpose_rows(b, rows)):  # column pairs -> pair rows of 16 columns
                 at = b.add(b.mul(b.add(b.mul(pc, c64(LANES)), c64(t)), c64(2 * NR)), c64(2 * LANES * g))
                 b.store(row, ptr(panel, at, ivec), align=64)
         close_pc()

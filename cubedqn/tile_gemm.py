@@ -66,7 +66,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from . import tile_bf16
-from .native import counted_loop, host_cpu_name, host_has_avx512, load_or_compile
+from .native import counted_loop, declare, host_cpu_name, host_has_avx512, load_or_compile, transpose_rows
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
@@ -115,14 +115,10 @@ def module_ir() -> str:
         sb = ir.IRBuilder(setter.append_basic_block("entry"))
         sb.store(setter.args[0], flag)
         sb.ret_void()
-        bf16 = (tile_bf16.emit(mod, _transpose), flag)
+        bf16 = (tile_bf16.emit(mod), flag)
     _emit(mod, epilogue=False, bf16=bf16)
     _emit(mod, epilogue=True, bf16=bf16)
     return str(mod)
-
-
-def _declare(mod, name, ftype):
-    return mod.globals.get(name) or ir.Function(mod, ftype, name=name)
 
 
 def _emit(mod, epilogue, bf16=None):
@@ -130,9 +126,9 @@ def _emit(mod, epilogue, bf16=None):
     where the module has them."""
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec = ir.VectorType(f32, LANES)
-    library = _declare(mod, LIBRARY, _signature())
-    library_threads = _declare(mod, THREADS, ir.FunctionType(i32, []))
-    fma = _declare(mod, f"llvm.fma.v{LANES}f32", ir.FunctionType(vec, [vec, vec, vec]))
+    library = declare(mod, LIBRARY, _signature())
+    library_threads = declare(mod, THREADS, ir.FunctionType(i32, []))
+    fma = declare(mod, f"llvm.fma.v{LANES}f32", ir.FunctionType(vec, [vec, vec, vec]))
 
     def c64(v):
         return ir.Constant(i64, v)
@@ -237,10 +233,10 @@ def _emit(mod, epilogue, bf16=None):
 
     vp = vec.as_pointer()
     mask_t = ir.VectorType(ir.IntType(1), LANES)
-    masked_load = _declare(mod, "llvm.masked.load.v16f32.p0v16f32", ir.FunctionType(vec, [vp, i32, mask_t, vec]))
-    prefetch = _declare(mod, "llvm.prefetch.p0i8", ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32,
+    masked_load = declare(mod, "llvm.masked.load.v16f32.p0v16f32", ir.FunctionType(vec, [vp, i32, mask_t, vec]))
+    prefetch = declare(mod, "llvm.prefetch.p0i8", ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32,
                                                                                   i32, i32]))
-    masked_store = _declare(mod, "llvm.masked.store.v16f32.p0v16f32",
+    masked_store = declare(mod, "llvm.masked.store.v16f32.p0v16f32",
                             ir.FunctionType(ir.VoidType(), [vec, vp, i32, mask_t]))
 
     def vload(ptr, off, mask, align=4):
@@ -368,7 +364,7 @@ def _emit(mod, epilogue, bf16=None):
                 kc, _, close_kc = loop(c64(0), kn, LANES, f"packt{g}")
                 cols = [b.load(vptr(B, b.add(b.mul(b.add(j0, c64(g * LANES + r)), ldb), b.add(k0, kc))), align=4)
                         for r in range(LANES)]
-                for c_, row in enumerate(_transpose(b, cols)):
+                for c_, row in enumerate(transpose_rows(b, cols)):
                     b.store(row, vptr(panel, b.add(b.mul(b.add(kc, c64(c_)), c64(NR)), c64(g * LANES))), align=64)
                 close_kc()
                 kc_end = kc  # the loop's counter where it stopped: the first row not done
@@ -425,23 +421,6 @@ def _emit(mod, epilogue, bf16=None):
         b.ret(c64(1))
     else:
         b.ret_void()
-
-
-def _transpose(b, rows):
-    """The 16 x 16 block given as 16 row vectors, transposed: four rounds of swapping the
-    off-diagonal t x t blocks of each 2t x 2t block (t = 8, 4, 2, 1), two-source shuffles."""
-    n = len(rows)
-    rows = list(rows)
-    t = n // 2
-    while t:
-        lo = ir.Constant(ir.VectorType(ir.IntType(32), n), [c if not c & t else n + c - t for c in range(n)])
-        hi = ir.Constant(ir.VectorType(ir.IntType(32), n), [c + t if not c & t else n + c for c in range(n)])
-        for r in range(n):
-            if not r & t:
-                a, c = rows[r], rows[r + t]
-                rows[r], rows[r + t] = b.shuffle_vector(a, c, lo), b.shuffle_vector(a, c, hi)
-        t //= 2
-    return rows
 
 
 def compile_tile():

@@ -196,3 +196,16 @@ def test_eval_in_bfloat16_reports_it_and_leaves_float32_after(tmp_path):
         res[prec] = json.loads(r.output)
         assert res[prec]["matmul_precision"] == prec and blas.matmul_precision() == "float32"
     assert res["bfloat16"]["n"] == res["float32"]["n"] == 40
+
+
+def test_the_tile_and_bf16_are_bound_wherever_the_cpu_has_them():
+    """A kernel module that stopped compiling falls back quietly (and its tests skip):
+    this one says so where the CPU could have run it."""
+    from cubedqn.native import host_has_avx512
+    from cubedqn.tile_bf16 import host_has_bf16
+    if host_has_avx512() and blas.TILE_WANTED:
+        assert blas.TILE, blas.TILE_STATUS
+        if host_has_bf16():
+            assert blas.bf16_problem() is None
+    elif not blas.TILE:
+        assert blas.bf16_problem().startswith("needs the tile GEMM")
