@@ -85,7 +85,7 @@ HELP = {
     "input_encoding": "stickers, cubies (2x2x2: which cubie and twist in each corner slot) or pairs (2x2x2: one input per pair of corner slots)",
     "precision": "float32 or float64",
     "matmul_precision": "float32, or bfloat16: the GEMMs on bf16-rounded operands with float32 sums (CPUs with "
-                        "AVX512_BF16; 1.7-1.9x the GEMMs' speed on Zen 4)",
+                        "AVX512_BF16; 1.4-1.9x the GEMMs' speed on Zen 4)",
     "n_envs": "cubes stepped together",
     "max_episode_moves": "moves before an episode is truncated", "gamma": "discount",
     "exploration_initial_eps": "initial epsilon", "exploration_final_eps": "final epsilon",

@@ -31,8 +31,9 @@ loads of the panel row, eight broadcasts of an A pair, sixteen VDPBF16PS. An odd
 last pair has a zero second half; the last N mod 32 columns are masked as in
 tile_gemm.py. A row's result never depends on the other rows of the call (the same
 packed values and the same instruction sequence per element, whichever group it falls
-in). Zen 4, one core, against the float32 tile (`scripts/bench_tile_bf16.py`): the small
-net's products 1.7-1.8x, the large net's 1.8-1.9x; the 12-wide Q head's about 1x.
+in). Zen 4, one core, against the float32 tile (`scripts/bench_tile_gemm.py --bf16`, two
+runs): the small net's products 1.65-1.95x, the large net's 1.49-1.94x; the 12-wide Q
+head's 0.97-1.0x (its one masked vector of 16 lanes holds 12 columns either way).
 
 Arithmetic, per element: over the K pairs in order from zero (a K block's sums go through
 C unchanged), acc += a[2p+1] b[2p+1], then acc += a[2p] b[2p] (Intel's definition of the

@@ -9,7 +9,9 @@ out=${OUT:-runs/perf}; mkdir -p "$out"
 run() { env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$@"; }
 PY=${PYTHON:-python}
 { uname -m; lscpu | grep -E "Model name|^CPU\(s\)|Thread|MHz" || true; date -u; } > "$out/machine.txt"
-run $PY scripts/bench_peers.py | tee "$out/peers.txt"
+# --bf16: also the opt-in bfloat16 matmuls and the peers' bf16 (rows skipped, with the
+# reason, where the CPU has no AVX512_BF16)
+run $PY scripts/bench_peers.py --bf16 | tee "$out/peers.txt"
 run $PY scripts/bench_replay.py | tee "$out/replay.txt"
 for t in 1 2; do
   # the issue's commands verbatim (with --puzzle and no --profile: plain sticker inputs, Adam,
