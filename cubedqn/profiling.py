@@ -293,6 +293,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         # bfloat16: the GEMM layers' products ran on bf16-rounded operands (tile_bf16.py), whose
         # ceiling (bf16 dot products in registers) is this
         "matmul_precision": cfg.matmul_precision, "bf16_ceiling_gflops": bf16_ceiling,
+        "bf16_available": device == "cpu" and cfg.precision == "float32" and blas.bf16_problem() is None,
         "phase_parts": parts, **layers, "target_cache_hit_rate": hit_rate,
         "memory_bytes": {"parameters": int(trainer.learner.online.params.nbytes * 2),
                          "gradients": int(trainer.learner.gradient_nbytes),
@@ -349,6 +350,9 @@ def format_report(r: dict) -> str:
         lines.append(f"GEMM layers alone: {r['gemm_layers_gflops']:.1f} GFLOP/s "
                      f"({100 * r['gemm_layers_gflops'] / r['peak_gflops']:.0f}% of peak{ceiling}) in "
                      f"{r['gemm_layers_ms']:.4f} ms/step")
+        if r.get("matmul_precision") == "float32" and r.get("bf16_available"):
+            lines.append("  this CPU has AVX512_BF16: --matmul-precision bfloat16 runs these GEMMs on bf16-rounded "
+                         "operands with float32 sums, up to twice as fast (README, Design notes)")
         if r.get("matmul_precision") == "bfloat16":
             bf = r.get("bf16_ceiling_gflops")
             lines.append("  matmul precision bfloat16 (operands rounded to bf16, float32 sums): the percentages "

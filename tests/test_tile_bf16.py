@@ -170,6 +170,10 @@ def test_profile_reports_the_precision_and_the_bf16_ceiling():
                                                  "--batch-size", "16", "--steps", "20", "--warmup", "5",
                                                  "--json"]).output)
     assert plain["matmul_precision"] == "float32" and plain["bf16_ceiling_gflops"] is None
+    assert plain["bf16_available"] is True
+    from cubedqn.profiling import format_report
+    assert "--matmul-precision bfloat16" in format_report(plain)
+    assert "--matmul-precision bfloat16 runs" not in format_report(rep)
 
 
 def test_eval_matmul_precision_bad_value_is_a_one_line_error(tmp_path):
