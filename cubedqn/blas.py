@@ -21,11 +21,13 @@ runs on one thread and calls the library, bound as `cubedqn_blas_sgemm64`, for t
 it is checked on small products at import and not bound if that fails.
 `CUBEDQN_TILE_GEMM=0` binds the library alone.
 
-Precision: `set_matmul_precision("bfloat16")` (where the CPU has AVX512_BF16 and the tile is
-bound; config key `matmul_precision`) sends every product the tile is given, its bias GEMM's too, to tile_bf16.py's
-kernel: operands rounded to bfloat16, products summed in float32, twice the float32
-tile's FLOPs per cycle on Zen 4. It is a process-wide switch, as PyTorch's
-`torch.set_float32_matmul_precision`; "float32" (the start) turns it back.
+Precision: `set_matmul_precision("bfloat16")` (where the CPU has AVX512_BF16 and the tile
+is bound; config key `matmul_precision`) sends every product the tile is given, its bias
+GEMM's too, to tile_bf16.py's kernel: operands rounded to bfloat16, products summed in
+float32, twice the float32 tile's FLOPs per cycle on Zen 4. It is a process-wide switch,
+as PyTorch's `torch.set_float32_matmul_precision`; "float32" (the start) turns it back.
+The switch is bound and its kernel checked at the first `bf16_problem()` call, not at
+import.
 
 The choice lives in the symbol, not in the compiled kernels: a kernel loaded from Numba's
 cache calls `cubedqn_sgemm64` by name, so it stays valid when the choice changes. float64
@@ -399,7 +401,8 @@ TILE = _TILE_ENGINE is not None  # tile_gemm.py takes the products it is faster 
 
 def _check_bf16(sgemm, bias_gemm) -> bool:
     """With the bf16 switch on: does TILE give reference.gemm_bf16 within float32 rounding
-    (A and B as is and transposed, K odd, in one block and in two; 8-row blocks, 16-row
+    (bit for bit on Zen 4, tests/test_tile_bf16.py; the check allows another CPU's order
+    of the two products in a lane) (A and B as is and transposed, K odd, in one block and in two; 8-row blocks, 16-row
     blocks of a one-vector tail, a leftover row, tail columns), the same bits row by row
     whatever the number of rows, and TILE_BIAS the same plus the bias and ReLU?"""
     from .reference import bf16_round, gemm_bf16

@@ -44,27 +44,28 @@ def peak_gflops(dtype=np.float32, n=1024, reps=5) -> float:
     return 2 * n ** 3 / best / 1e9
 
 
-def _fma_ceiling_ir(double, lanes, chains, name):
+def _fma_ceiling_ir(kind, lanes, chains, name):
     """IR of `fma_loop(n)` as function `name`: `chains` independent chains of vector FMAs
-    (lanes wide; float64 if double is True, bf16 dot products if it is "bf16", else float32),
-    n rounds, no memory traffic; returns one lane of their sum (so nothing is dead code)."""
+    (lanes wide; kind "f32" or "f64", or "bf16": VDPBF16PS, float32 lanes each adding two
+    bf16 products), n rounds, no memory traffic; returns one lane of their sum (so nothing
+    is dead code)."""
     import llvmlite.ir as ir
     from .native import counted_loop
-    fty = ir.DoubleType() if double is True else ir.FloatType()
+    fty = ir.DoubleType() if kind == "f64" else ir.FloatType()
     vec, i64 = ir.VectorType(fty, lanes), ir.IntType(64)
     mod = ir.Module(name="cubedqn_fma_ceiling")
     fn = ir.Function(mod, ir.FunctionType(fty, [i64]), name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
-    if double == "bf16":  # VDPBF16PS: acc += two bf16 products per float32 lane
-        from .tile_bf16 import _BFloat
-        pairs = ir.VectorType(_BFloat(), 2 * lanes)
+    if kind == "bf16":
+        from .tile_bf16 import BFloatType
+        pairs = ir.VectorType(BFloatType(), 2 * lanes)
         dot = ir.Function(mod, ir.FunctionType(vec, [vec, pairs, pairs]), "llvm.x86.avx512bf16.dpbf16ps.512")
         x = b.bitcast(ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0x3F803F80] * lanes), pairs)  # 1.0, 1.0
 
         def step(a):
             return b.call(dot, [a, x, x])
     else:
-        fma = ir.Function(mod, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}{'f64' if double else 'f32'}")
+        fma = ir.Function(mod, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{lanes}{kind}")
         x, y = ir.Constant(vec, [1.0000001] * lanes), ir.Constant(vec, [1e-7] * lanes)
 
         def step(a):
@@ -97,7 +98,7 @@ def fma_loop(dtype=np.float32):
         lanes, chains = (16 if wide else 8) // (2 if double else 1), 16 if wide else 12
         name = f"cubedqn_fma_loop_{key}"
         engine, _ = load_or_compile(f"fma-ceiling-{key}", __file__,
-                                    lambda: _fma_ceiling_ir(double, lanes, chains, name), (name,),
+                                    lambda: _fma_ceiling_ir("f64" if double else "f32", lanes, chains, name), (name,),
                                     ",-prefer-256-bit" if wide else "")
         loop = ctypes.CFUNCTYPE(ctypes.c_double if double else ctypes.c_float, ctypes.c_int64)(
             engine.get_function_address(name))

@@ -64,14 +64,14 @@ def host_has_bf16() -> bool:
     return "+avx512bf16" in host_features().split(",")
 
 
-class _BFloat(ir.Type):
+class BFloatType(ir.Type):
     """LLVM's bfloat, which llvmlite.ir does not name."""
 
     def _to_string(self):
         return "bfloat"
 
     def __eq__(self, other):
-        return isinstance(other, _BFloat)
+        return isinstance(other, BFloatType)
 
     def __hash__(self):
         return hash("bfloat")
@@ -86,7 +86,7 @@ def signature():
 def emit(mod):
     """Adds BF16 to mod and returns it."""
     i1, i16, i32, i64, f32 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
-    bf = _BFloat()
+    bf = BFloatType()
     vec, ivec = ir.VectorType(f32, LANES), ir.VectorType(i32, LANES)
     bvec = ir.VectorType(bf, 2 * LANES)  # 16 pairs: one zmm
     fn = ir.Function(mod, signature(), name=BF16)
