@@ -17,10 +17,13 @@ optimizer state stay float32 (this is the mixed precision of PyTorch's
 
 How (as tile_gemm.py's float32 tile, with pairs of k): K in blocks of 256 values, the
 outer loop. For each block, op(A)'s rows (at most A_BLOCK = 256 per call; more rows are
-more calls) are first rounded into a stack scratch of bf16 pairs, once: a row's run of k
-as it lies (A as is), or two rows of A interleaved (A transposed, a weight gradient's
-acts^T; converting per row group and panel instead, those reads, K rows lda apart, evicted
-each other: 0.63-0.93x the float32 tile at 1024 x 512 x 256, 1.9x after). Then for each
+more calls) are first rounded into a stack scratch of bf16 pairs, once, laid out as pair
+rows (pair p of every row, then pair p + 1): from A as is, 16 rows' runs of k turned by
+16 x 16 transposes of 32-bit pairs in registers; from A transposed (a weight gradient's
+acts^T), two rows of A interleaved (converting per row group and panel instead, those
+reads, K rows lda apart, evicted each other: 0.63-0.93x the float32 tile at 1024 x 512 x
+256, 1.9x after). One layout for both keeps the inner loop's eight A pairs at one base
+and constant offsets (1.0-1.07x over a row-major scratch for A as is). Then for each
 32 columns of C, op(B)'s block is packed into a stack panel of pair rows (row p holds
 (B[2p, j], B[2p+1, j]) for the 32 columns j, 128 bytes: two zmm of sixteen pairs); B
 transposed (input gradients, delta @ W^T), whose pairs are adjacent in memory, goes
@@ -135,10 +138,8 @@ def emit(mod):
     zero = ir.Constant(vec, [0.0] * LANES)
     undef_i = ir.Constant(ivec, ir.Undefined)
     splat0 = ir.Constant(ivec, [0] * LANES)
-    # pair p of op(A)'s row i is at pairs_a[i * rs + p * ps]: rows of pairs (A as is) or
-    # pair rows of A_BLOCK (A transposed)
-    rs = b.select(a_trans, c64(1), c64(PAIRS))
-    ps = b.select(a_trans, c64(A_BLOCK), c64(1))
+    # pair p of op(A)'s row i is at pairs_a[p * A_BLOCK + i], for A as is and transposed:
+    # the inner loop's eight A pairs are one base and constant offsets
 
     def loop(start, stop, step, name, carried=()):
         return counted_loop(b, start, stop, step, name, carried)
@@ -196,14 +197,22 @@ def emit(mod):
     # at lda = 1024: 0.63-0.93x the float32 tile at 1024 x 512 x 256, 1.88x after)
     cvt_t, cvt_n, cvt_done = (fn.append_basic_block(x) for x in ("cvt.t", "cvt.n", "cvt.done"))
     b.cbranch(a_trans, cvt_t, cvt_n)
-    b.position_at_end(cvt_n)  # A as is: each row's run of k, 32 floats at a time
-    i, _, close_i = loop(c64(0), M, 1, "cvtn.i")
+    b.position_at_end(cvt_n)  # A as is: 16 rows' runs of 32 k values, their pairs turned to pair rows
+    ic, _, close_ic = loop(c64(0), b.add(M, c64(LANES - 1)), LANES, "cvtn.i")
     q, _, close_q = loop(c64(0), b.sdiv(b.add(kp, c64(LANES - 1)), c64(LANES)), 1, "cvtn.q")
     kq = b.mul(q, c64(2 * LANES))
-    x = load_f32(A, b.add(b.mul(i, lda), b.add(k0, kq)), 2 * LANES, lane_mask(2 * LANES, b.sub(kn, kq)))
-    b.store(to_bf16_pairs(x), ptr(pairs_a, b.add(b.mul(i, c64(PAIRS)), b.mul(q, c64(LANES))), ivec), align=4)
+    kmask = lane_mask(2 * LANES, b.sub(kn, kq))
+    none = ir.Constant(ir.VectorType(i1, 2 * LANES), [0] * (2 * LANES))
+    rows = []
+    for c in range(LANES):  # row ic + c's 16 pairs (nothing read past M)
+        i = b.add(ic, c64(c))
+        mask = b.select(b.icmp_signed("<", i, M), kmask, none)
+        rows.append(to_bf16_pairs(load_f32(A, b.add(b.mul(i, lda), b.add(k0, kq)), 2 * LANES, mask)))
+    for t, row in enumerate(transpose_rows(b, rows)):  # pair q * 16 + t of the 16 rows
+        at = b.add(b.mul(b.add(b.mul(q, c64(LANES)), c64(t)), c64(A_BLOCK)), ic)
+        b.store(row, ptr(pairs_a, at, ivec), align=4)
     close_q()
-    close_i()
+    close_ic()
     b.branch(cvt_done)
     b.position_at_end(cvt_t)  # A transposed (K x M): rows k and k+1 of A interleaved, 16 columns at a time
     q, _, close_q = loop(c64(0), kp, 1, "cvtt.p")
@@ -292,13 +301,13 @@ def emit(mod):
                 ph.add_incoming(zero, entry)
                 ph.add_incoming(x, from_c)
                 init.append(ph)
-            row_at = [b.gep(pairs_a, [b.mul(b.add(i0, c64(r)), rs)]) for r in range(mr)]
+            row_at = b.gep(pairs_a, [i0])
             p, accs, close_k = loop(c64(0), kp, 1, name, init)
             bv = [b.load(ptr(panel, b.add(b.mul(p, c64(2 * NR)), c64(2 * LANES * v)), bvec), align=64)
                   for v in range(nvec)]
             new = []
             for r in range(mr):
-                a = b.load(b.gep(row_at[r], [b.mul(p, ps)]), align=4)
+                a = b.load(b.gep(row_at, [b.add(b.mul(p, c64(A_BLOCK)), c64(r))]), align=4)
                 av = b.bitcast(b.shuffle_vector(b.insert_element(undef_i, a, c32(0)), undef_i, splat0), bvec)
                 new += [b.call(dot, [accs[r * nvec + v], av, bv[v]]) for v in range(nvec)]
             sums = close_k(new)
