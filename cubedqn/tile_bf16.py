@@ -34,9 +34,9 @@ loads of the panel row, eight broadcasts of an A pair, sixteen VDPBF16PS. An odd
 last pair has a zero second half; the last N mod 32 columns are masked as in
 tile_gemm.py. A row's result never depends on the other rows of the call (the same
 packed values and the same instruction sequence per element, whichever group it falls
-in). Zen 4, one core, against the float32 tile (`scripts/bench_tile_gemm.py --bf16`, two
+in). Zen 4, one core, against the float32 tile (`scripts/bench_tile_gemm.py --bf16`, three
 runs): the small net's products 1.65-1.95x, the large net's 1.49-1.94x; the 12-wide Q
-head's 0.97-1.0x (its one masked vector of 16 lanes holds 12 columns either way).
+head's 0.85-1.0x (there converting A costs as much as the 16-column product).
 
 Arithmetic, per element: over the K pairs in order from zero (a K block's sums go through
 C unchanged), acc += a[2p+1] b[2p+1], then acc += a[2p] b[2p] (Intel's definition of the
