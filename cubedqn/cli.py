@@ -7,7 +7,6 @@ line on stderr, `cubedqn: error: ...`, and exit status 2; never a traceback.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import fields

@@ -225,7 +225,6 @@ def _emit(mod, epilogue, bf16=None):
     def vptr(ptr, off):
         return b.bitcast(b.gep(ptr, [off]), vec.as_pointer())
 
-    nv = NR // LANES
     zero = ir.Constant(vec, [0.0] * LANES)
     lane0 = ir.Constant(i32, 0)
     splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
