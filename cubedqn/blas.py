@@ -238,6 +238,26 @@ def _numpy_openblas():
     return None
 
 
+def _check_operands(rng, m, n, k, ta, tb):
+    """(A, B, op(A), op(B)) for a check's C = op(A) @ op(B) (m x n, depth k): A and B as the
+    CBLAS call sees them, their leading dimensions wider than the matrices."""
+    a = rng.standard_normal((m, k + 3) if ta == NO_TRANS else (k, m + 3)).astype(np.float32)
+    b = rng.standard_normal((k, n + 2) if tb == NO_TRANS else (n, k + 2)).astype(np.float32)
+    return a, b, (a[:, :k] if ta == NO_TRANS else a[:, :m].T), (b[:, :n] if tb == NO_TRANS else b[:, :k].T)
+
+
+def _all_rows_and_one(sgemm, m, n, k, ta, tb, a, b):
+    """[C of all m rows, C of the first row alone] from the CBLAS sgemm (C with ldc n + 1,
+    NaN where nothing was written)."""
+    outs = []
+    for rows in (m, 1):
+        buf = np.full((m, n + 1), np.nan, np.float32)
+        sgemm(ROW_MAJOR, ta, tb, rows, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0.0,
+              buf.ctypes.data, n + 1)
+        outs.append(buf[:rows, :n])
+    return outs
+
+
 def _check_tile(fn) -> bool:
     """Does fn compute the products its tile takes right (8-row blocks, a leftover row, a
     panel and tail columns, A as is and transposed, B as is and transposed, K in one
@@ -249,17 +269,9 @@ def _check_tile(fn) -> bool:
     # n = 40 and 12: a tail of one vector, 57: of two, masked
     for ta, tb, k, n in ((NO_TRANS, NO_TRANS, 7, 40), (TRANS, NO_TRANS, 7, 40), (NO_TRANS, NO_TRANS, 300, 57),
                          (NO_TRANS, TRANS, 7, 40), (NO_TRANS, TRANS, 300, 12), (NO_TRANS, NO_TRANS, 300, 12)):
-        a = rng.standard_normal((m, k + 3) if ta == NO_TRANS else (k, m + 3)).astype(np.float32)
-        b = rng.standard_normal((k, n + 2) if tb == NO_TRANS else (n, k + 2)).astype(np.float32)
-        op_a = a[:, :k] if ta == NO_TRANS else a[:, :m].T
-        op_b = b[:, :n] if tb == NO_TRANS else b[:, :k].T
+        a, b, op_a, op_b = _check_operands(rng, m, n, k, ta, tb)
         want = op_a.astype(np.float64) @ op_b.astype(np.float64)
-        outs = []
-        for rows in (m, 1):
-            buf = np.full((m, n + 1), np.nan, np.float32)
-            fn(ROW_MAJOR, ta, tb, rows, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0.0,
-               buf.ctypes.data, n + 1)
-            outs.append(buf[:rows, :n])
+        outs = _all_rows_and_one(fn, m, n, k, ta, tb, a, b)
         if not (np.allclose(outs[0], want, rtol=1e-5, atol=1e-5) and np.array_equal(outs[1], outs[0][:1])):
             return False
     return True
@@ -410,19 +422,11 @@ def _check_bf16(sgemm, bias_gemm) -> bool:
     m = 17
     for ta, tb, k, n in ((NO_TRANS, NO_TRANS, 7, 40), (TRANS, NO_TRANS, 7, 40), (NO_TRANS, TRANS, 301, 57),
                          (TRANS, TRANS, 300, 12), (NO_TRANS, NO_TRANS, 300, 12), (TRANS, NO_TRANS, 301, 64)):
-        a = rng.standard_normal((m, k + 3) if ta == NO_TRANS else (k, m + 3)).astype(np.float32)
-        b = rng.standard_normal((k, n + 2) if tb == NO_TRANS else (n, k + 2)).astype(np.float32)
-        op_a = a[:, :k] if ta == NO_TRANS else a[:, :m].T
-        op_b = b[:, :n] if tb == NO_TRANS else b[:, :k].T
+        a, b, op_a, op_b = _check_operands(rng, m, n, k, ta, tb)
         want = gemm_bf16(op_a, op_b)
         # float32 sums of K exact products: within K roundings of the float64 sum's scale
         tol = 2.0 * k * np.finfo(np.float32).eps * (np.abs(bf16_round(op_a)) @ np.abs(bf16_round(op_b)))
-        outs = []
-        for rows in (m, 1):
-            buf = np.full((m, n + 1), np.nan, np.float32)
-            sgemm(ROW_MAJOR, ta, tb, rows, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0.0,
-                  buf.ctypes.data, n + 1)
-            outs.append(buf[:rows, :n])
+        outs = _all_rows_and_one(sgemm, m, n, k, ta, tb, a, b)
         if not (np.all(np.abs(outs[0] - want) <= tol) and np.array_equal(outs[1], outs[0][:1])):
             return False
         if ta == tb == NO_TRANS:

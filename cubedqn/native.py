@@ -9,8 +9,10 @@ when that is set, else beside numba's own cache in this package's __pycache__; n
 neither is writable. The file starts with the SHA-256 of the object code and is used only
 if that matches (LLVM is not handed a damaged object).
 
-Also here, for the kernel modules that write IR: `counted_loop` (the one loop construct),
-`declare` and `transpose_rows` (a square block of row vectors turned in registers).
+Also here, for the kernel modules that write IR (tile_gemm.py, tile_bf16.py, panels.py):
+`counted_loop` (the one loop construct), `declare`, `transpose_rows` (a square block of
+row vectors turned in registers), vector loads and stores with lane masks, a register
+tile's start from zero or from C, and the dispatch of the columns past the last panel.
 
 What it is not: an IR builder (each kernel module writes its own) or a fallback (a
 caller that catches the exception binds plain Numba loops or another library instead).
@@ -125,6 +127,83 @@ def transpose_rows(b, rows):
                 rows[r], rows[r + t] = b.shuffle_vector(a, c, lo), b.shuffle_vector(a, c, hi)
         t //= 2
     return rows
+
+
+def lane_mask(b, width, limit):
+    """<width x i1>: lane < limit (an i64 value)."""
+    i64 = ir.IntType(64)
+    vt = ir.VectorType(i64, width)
+    lim = b.insert_element(ir.Constant(vt, ir.Undefined), limit, ir.Constant(ir.IntType(32), 0))
+    lim = b.shuffle_vector(lim, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                                          [0] * width))
+    return b.icmp_signed("<", ir.Constant(vt, list(range(width))), lim)
+
+
+def load_floats(b, base, off, width, mask=None, align=4):
+    """width floats at base + off (a float pointer and an i64); with a mask, the lanes it
+    leaves out read as zero and their memory is not touched (llvm.masked.load)."""
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+    t = ir.VectorType(f32, width)
+    at = b.bitcast(b.gep(base, [off]), t.as_pointer())
+    if mask is None:
+        return b.load(at, align=align)
+    load = declare(b.module, f"llvm.masked.load.v{width}f32.p0v{width}f32",
+                   ir.FunctionType(t, [t.as_pointer(), i32, ir.VectorType(ir.IntType(1), width), t]))
+    return b.call(load, [at, ir.Constant(i32, align), mask, ir.Constant(t, [0.0] * width)])
+
+
+def store_floats(b, v, base, off, mask=None, align=4):
+    """The float vector v to base + off; with a mask, only the lanes it sets."""
+    i32 = ir.IntType(32)
+    t = v.type
+    at = b.bitcast(b.gep(base, [off]), t.as_pointer())
+    if mask is None:
+        b.store(v, at, align=align)
+        return
+    store = declare(b.module, f"llvm.masked.store.v{t.count}f32.p0v{t.count}f32",
+                    ir.FunctionType(ir.VoidType(), [t, t.as_pointer(), i32, ir.VectorType(ir.IntType(1), t.count)]))
+    b.call(store, [v, at, ir.Constant(i32, align), mask])
+
+
+def zero_or_loaded(b, first, load, zero, name):
+    """Accumulators that start at `zero` where `first` (an i1) holds and at load()'s values
+    (emitted on their own branch) otherwise: a branch, not a select, so the first K block's
+    arithmetic does not wait on loads of C. Returns the phis, one per loaded value."""
+    fn = b.function
+    entry = b.block
+    from_c, start = fn.append_basic_block(f"{name}.fromc"), fn.append_basic_block(f"{name}.start")
+    b.cbranch(first, start, from_c)
+    b.position_at_end(from_c)
+    loaded = load()
+    b.branch(start)
+    b.position_at_end(start)
+    phis = []
+    for x in loaded:
+        ph = b.phi(x.type)
+        ph.add_incoming(zero, entry)
+        ph.add_incoming(x, from_c)
+        phis.append(ph)
+    return phis
+
+
+def tail_columns(b, rem, lanes, one, two):
+    """The last rem (< 2 lanes) columns of C after its full panels, if any: one(masks) where
+    they fit in one vector, else two(masks); masks[v] sets the lanes of vector v that are
+    columns of C."""
+    i64 = ir.IntType(64)
+    masks = [lane_mask(b, lanes, b.sub(rem, ir.Constant(i64, v * lanes))) for v in range(2)]
+    fn = b.function
+    tail_bb, one_bb, two_bb, done_bb = (fn.append_basic_block(x) for x in ("tail", "tail.one", "tail.two", "done"))
+    b.cbranch(b.icmp_signed(">", rem, ir.Constant(i64, 0)), tail_bb, done_bb)
+    b.position_at_end(tail_bb)
+    b.cbranch(b.icmp_signed("<=", rem, ir.Constant(i64, lanes)), one_bb, two_bb)
+    b.position_at_end(one_bb)
+    one(masks[:1])
+    b.branch(done_bb)
+    b.position_at_end(two_bb)
+    two(masks)
+    b.branch(done_bb)
+    b.position_at_end(done_bb)
 
 
 def host_cpu_name() -> str:

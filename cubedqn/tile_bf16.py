@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import counted_loop, declare, host_features, transpose_rows
+from .native import (counted_loop, declare, host_features, lane_mask, load_floats, store_floats,
+                     tail_columns, transpose_rows, zero_or_loaded)
 
 BF16 = "cubedqn_tile_bf16"
 TRANS = 112                 # CBLAS's value for a transposed operand (blas.TRANS)
@@ -95,15 +96,6 @@ def emit(mod):
     fn = ir.Function(mod, signature(), name=BF16)
     ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, epi = fn.args
     dot = declare(mod, "llvm.x86.avx512bf16.dpbf16ps.512", ir.FunctionType(vec, [vec, bvec, bvec]))
-
-    def masked_ops(width):
-        t = ir.VectorType(f32, width)
-        m = ir.VectorType(i1, width)
-        load = declare(mod, f"llvm.masked.load.v{width}f32.p0v{width}f32",
-                        ir.FunctionType(t, [t.as_pointer(), i32, m, t]))
-        store = declare(mod, f"llvm.masked.store.v{width}f32.p0v{width}f32",
-                         ir.FunctionType(ir.VoidType(), [t, t.as_pointer(), i32, m]))
-        return load, store
 
     def c64(v):
         return ir.Constant(i64, v)
@@ -153,29 +145,6 @@ def emit(mod):
         return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, 2 * w), [h // 2 + (h % 2) * w
                                                                                 for h in range(2 * w)]))
 
-    def lane_mask(width, limit):
-        """<width x i1>: lane < limit (an i64)."""
-        lanes = ir.Constant(ir.VectorType(i64, width), list(range(width)))
-        lim = b.insert_element(ir.Constant(ir.VectorType(i64, width), ir.Undefined), limit, c32(0))
-        lim = b.shuffle_vector(lim, ir.Constant(ir.VectorType(i64, width), ir.Undefined),
-                               ir.Constant(ir.VectorType(i32, width), [0] * width))
-        return b.icmp_signed("<", lanes, lim)
-
-    def load_f32(base, off, width, mask):
-        """width floats at base + off, the lanes mask leaves out read as zero (not touched)."""
-        t = ir.VectorType(f32, width)
-        if mask is None:
-            return b.load(ptr(base, off, t), align=4)
-        load, _ = masked_ops(width)
-        return b.call(load, [ptr(base, off, t), c32(4), mask, ir.Constant(t, [0.0] * width)])
-
-    def store_f32(v, base, off, mask):
-        if mask is None:
-            b.store(v, ptr(base, off, vec), align=4)
-        else:
-            _, store = masked_ops(LANES)
-            b.call(store, [v, ptr(base, off, vec), c32(4), mask])
-
     def to_bf16_pairs(x):
         """float vector of 2w lanes (pairs adjacent) -> <w x i32>, each a pair of bf16 (RNE)."""
         w = x.type.count
@@ -201,13 +170,13 @@ def emit(mod):
     ic, _, close_ic = loop(c64(0), b.add(M, c64(LANES - 1)), LANES, "cvtn.i")
     q, _, close_q = loop(c64(0), b.sdiv(b.add(kp, c64(LANES - 1)), c64(LANES)), 1, "cvtn.q")
     kq = b.mul(q, c64(2 * LANES))
-    kmask = lane_mask(2 * LANES, b.sub(kn, kq))
+    kmask = lane_mask(b, 2 * LANES, b.sub(kn, kq))
     none = ir.Constant(ir.VectorType(i1, 2 * LANES), [0] * (2 * LANES))
     rows = []
     for c in range(LANES):  # row ic + c's 16 pairs (nothing read past M)
         i = b.add(ic, c64(c))
         mask = b.select(b.icmp_signed("<", i, M), kmask, none)
-        rows.append(to_bf16_pairs(load_f32(A, b.add(b.mul(i, lda), b.add(k0, kq)), 2 * LANES, mask)))
+        rows.append(to_bf16_pairs(load_floats(b, A, b.add(b.mul(i, lda), b.add(k0, kq)), 2 * LANES, mask)))
     for t, row in enumerate(transpose_rows(b, rows)):  # pair q * 16 + t of the 16 rows
         at = b.add(b.mul(b.add(b.mul(q, c64(LANES)), c64(t)), c64(A_BLOCK)), ic)
         b.store(row, ptr(pairs_a, at, ivec), align=4)
@@ -220,9 +189,9 @@ def emit(mod):
     has1 = b.icmp_signed("<", b.add(k, c64(1)), K)
     k1 = b.select(has1, b.add(k, c64(1)), k)
     ic, _, close_ic = loop(c64(0), b.add(M, c64(LANES - 1)), LANES, "cvtt.i")
-    mask = lane_mask(LANES, b.sub(M, ic))
-    x0 = load_f32(A, b.add(b.mul(k, lda), ic), LANES, mask)
-    x1 = b.select(has1, load_f32(A, b.add(b.mul(k1, lda), ic), LANES, mask), zero)
+    mask = lane_mask(b, LANES, b.sub(M, ic))
+    x0 = load_floats(b, A, b.add(b.mul(k, lda), ic), LANES, mask)
+    x1 = b.select(has1, load_floats(b, A, b.add(b.mul(k1, lda), ic), LANES, mask), zero)
     b.store(to_bf16_pairs(interleave(x0, x1)), ptr(pairs_a, b.add(b.mul(q, c64(A_BLOCK)), ic), ivec), align=4)
     close_ic()
     close_q()
@@ -237,7 +206,7 @@ def emit(mod):
             with_bias, got = fn.append_basic_block(f"bias{nvec}.{v}"), fn.append_basic_block(f"bias{nvec}.{v}.got")
             b.cbranch(has_bias, with_bias, got)
             b.position_at_end(with_bias)
-            loaded = load_f32(bias, b.add(j0, c64(v * LANES)), LANES, masks and masks[v])
+            loaded = load_floats(b, bias, b.add(j0, c64(v * LANES)), LANES, masks and masks[v])
             after = b.block
             b.branch(got)
             b.position_at_end(got)
@@ -256,8 +225,8 @@ def emit(mod):
         k1 = b.select(has1, b.add(k, c64(1)), k)
         for v in range(nvec):
             col = b.add(j0, c64(v * LANES))
-            r0 = load_f32(B, b.add(b.mul(k, ldb), col), LANES, masks and masks[v])
-            r1 = load_f32(B, b.add(b.mul(k1, ldb), col), LANES, masks and masks[v])
+            r0 = load_floats(b, B, b.add(b.mul(k, ldb), col), LANES, masks and masks[v])
+            r1 = load_floats(b, B, b.add(b.mul(k1, ldb), col), LANES, masks and masks[v])
             r1 = b.select(has1, r1, zero)
             b.store(to_bf16_pairs(interleave(r0, r1)), ptr(panel, b.add(b.mul(p, c64(2 * NR)), c64(2 * LANES * v)),
                                                            ivec), align=64)
@@ -266,14 +235,14 @@ def emit(mod):
         b.position_at_end(pack_t)  # B transposed (N x K): a column's pairs are adjacent in memory
         pc, _, close_pc = loop(c64(0), b.sdiv(b.add(kp, c64(LANES - 1)), c64(LANES)), 1, f"packt{nvec}")
         kk = b.mul(pc, c64(2 * LANES))
-        kmask = lane_mask(2 * LANES, b.sub(kn, kk))
+        kmask = lane_mask(b, 2 * LANES, b.sub(kn, kk))
         none = ir.Constant(ir.VectorType(i1, 2 * LANES), [0] * (2 * LANES))
         for g in range(nvec):
             rows = []
             for c in range(LANES):
                 j = b.add(j0, c64(g * LANES + c))
                 mask = kmask if masks is None else b.select(b.icmp_signed("<", j, N), kmask, none)
-                rows.append(to_bf16_pairs(load_f32(B, b.add(b.mul(j, ldb), b.add(k0, kk)), 2 * LANES, mask)))
+                rows.append(to_bf16_pairs(load_floats(b, B, b.add(b.mul(j, ldb), b.add(k0, kk)), 2 * LANES, mask)))
             for t, row in enumerate(transpose_rows(b, rows)):  # column pairs -> pair rows of 16 columns
                 at = b.add(b.mul(b.add(b.mul(pc, c64(LANES)), c64(t)), c64(2 * NR)), c64(2 * LANES * g))
                 b.store(row, ptr(panel, at, ivec), align=64)
@@ -282,25 +251,12 @@ def emit(mod):
         b.position_at_end(packed)
 
         def group(i0, mr, name):
-            """Rows i0 .. i0+mr-1 of these columns over this K block: zero in the first
-            block, C after it; a branch, not a select, so the first block's dot products do
-            not wait on loads of C."""
-            entry = b.block
-            from_c, start = fn.append_basic_block(f"{name}.fromc"), fn.append_basic_block(f"{name}.start")
-            b.cbranch(first, start, from_c)
-            b.position_at_end(from_c)
-            loaded = []
-            for r in range(mr):
-                base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
-                loaded += [load_f32(C, b.add(base, c64(v * LANES)), LANES, masks and masks[v]) for v in range(nvec)]
-            b.branch(start)
-            b.position_at_end(start)
-            init = []
-            for x in loaded:
-                ph = b.phi(vec)
-                ph.add_incoming(zero, entry)
-                ph.add_incoming(x, from_c)
-                init.append(ph)
+            """Rows i0 .. i0+mr-1 of these columns over this K block."""
+            def load_c():
+                return [load_floats(b, C, b.add(b.add(b.mul(b.add(i0, c64(r)), ldc), j0), c64(v * LANES)), LANES,
+                                    masks and masks[v]) for r in range(mr) for v in range(nvec)]
+
+            init = zero_or_loaded(b, first, load_c, zero, name)
             row_at = b.gep(pairs_a, [i0])
             p, accs, close_k = loop(c64(0), kp, 1, name, init)
             bv = [b.load(ptr(panel, b.add(b.mul(p, c64(2 * NR)), c64(2 * LANES * v)), bvec), align=64)
@@ -317,7 +273,7 @@ def emit(mod):
                     out = sums[r * nvec + v]
                     out = b.select(add_bias, b.fadd(out, bias_v[v]), out)
                     out = b.select(clip, b.select(b.fcmp_ordered(">", out, zero), out, zero), out)
-                    store_f32(out, C, b.add(base, c64(v * LANES)), masks and masks[v])
+                    store_floats(b, out, C, b.add(base, c64(v * LANES)), masks and masks[v])
 
         def rows_from(start, mr):
             i0, _, close_i = loop(start, M, mr, f"i{nvec}.{mr}")
@@ -330,19 +286,8 @@ def emit(mod):
     j0, _, close_j = loop(c64(0), n_tiled, NR, "j")
     columns(j0, NR // LANES, None, MR)
     close_j()
-    rem = b.sub(N, n_tiled)
-    masks = [lane_mask(LANES, b.sub(rem, c64(v * LANES))) for v in range(NR // LANES)]
-    tail_bb, one_bb, two_bb, done_bb = (fn.append_basic_block(x) for x in ("tail", "tail.one", "tail.two", "done"))
-    b.cbranch(b.icmp_signed(">", rem, c64(0)), tail_bb, done_bb)
-    b.position_at_end(tail_bb)
-    b.cbranch(b.icmp_signed("<=", rem, c64(LANES)), one_bb, two_bb)
-    b.position_at_end(one_bb)
-    columns(n_tiled, 1, masks[:1], 2 * MR)
-    b.branch(done_bb)
-    b.position_at_end(two_bb)
-    columns(n_tiled, 2, masks, MR)
-    b.branch(done_bb)
-    b.position_at_end(done_bb)
+    tail_columns(b, b.sub(N, n_tiled), LANES, lambda masks: columns(n_tiled, 1, masks, 2 * MR),
+                 lambda masks: columns(n_tiled, 2, masks, MR))
     close_kb()
     b.ret_void()
     return fn

@@ -66,7 +66,8 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from . import tile_bf16
-from .native import counted_loop, declare, host_cpu_name, host_has_avx512, load_or_compile, transpose_rows
+from .native import (counted_loop, declare, host_cpu_name, host_has_avx512, load_floats, load_or_compile,
+                     store_floats, tail_columns, transpose_rows, zero_or_loaded)
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
@@ -230,24 +231,11 @@ def _emit(mod, epilogue, bf16=None):
     splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
     undef = ir.Constant(vec, ir.Undefined)
 
-    vp = vec.as_pointer()
-    mask_t = ir.VectorType(ir.IntType(1), LANES)
-    masked_load = declare(mod, "llvm.masked.load.v16f32.p0v16f32", ir.FunctionType(vec, [vp, i32, mask_t, vec]))
     prefetch = declare(mod, "llvm.prefetch.p0i8", ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32,
                                                                                   i32, i32]))
-    masked_store = declare(mod, "llvm.masked.store.v16f32.p0v16f32",
-                            ir.FunctionType(ir.VoidType(), [vec, vp, i32, mask_t]))
 
-    def vload(ptr, off, mask, align=4):
-        if mask is None:
-            return b.load(vptr(ptr, off), align=align)
-        return b.call(masked_load, [vptr(ptr, off), c32(align), mask, zero])
-
-    def vstore(v, ptr, off, mask, align=4):
-        if mask is None:
-            b.store(v, vptr(ptr, off), align=align)
-        else:
-            b.call(masked_store, [v, vptr(ptr, off), c32(align), mask])
+    def vload(ptr, off, mask):
+        return load_floats(b, ptr, off, LANES, mask)
 
     def columns(j0, nvec, masks, mr, width):
         """C[:, j0:j0+width], width = nvec * 16 columns (all of them where masks is None,
@@ -285,25 +273,11 @@ def _emit(mod, epilogue, bf16=None):
 
         def group(i0, mr, b_row, name):
             """C rows i0 .. i0+mr-1 of these columns over this K block, op(B)'s row k from b_row(k)."""
-            # zero in the first block, C after it: a branch, not a select, so that the first
-            # block's FMAs do not wait on loads of C
-            from_c, start = fn.append_basic_block(f"{name}.fromc"), fn.append_basic_block(f"{name}.start")
-            entry = b.block
-            b.cbranch(first, start, from_c)
-            b.position_at_end(from_c)
-            loaded = []
-            for r in range(mr):
-                base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
-                for v in range(nvec):
-                    loaded.append(vload(C, b.add(base, c64(v * LANES)), masks and masks[v]))
-            b.branch(start)
-            b.position_at_end(start)
-            init = []
-            for x in loaded:
-                ph = b.phi(vec)
-                ph.add_incoming(zero, entry)
-                ph.add_incoming(x, from_c)
-                init.append(ph)
+            def load_c():
+                return [vload(C, b.add(b.add(b.mul(b.add(i0, c64(r)), ldc), j0), c64(v * LANES)), masks and masks[v])
+                        for r in range(mr) for v in range(nvec)]
+
+            init = zero_or_loaded(b, first, load_c, zero, name)  # zero in the first K block, C after it
             k, accs, close_k = loop(c64(0), kn, 1, name, init)
             bv = b_row(k)
             a_k = b.mul(b.add(k0, k), k_step)
@@ -320,7 +294,7 @@ def _emit(mod, epilogue, bf16=None):
                     if epilogue:  # as nn.dense_forward's pass: v = sum + b; v if v > 0 else 0
                         out = b.select(last, b.fadd(out, bias_v[v]), out)
                         out = b.select(clip, b.select(b.fcmp_ordered(">", out, zero), out, zero), out)
-                    vstore(out, C, b.add(base, c64(v * LANES)), masks and masks[v])
+                    store_floats(b, out, C, b.add(base, c64(v * LANES)), masks and masks[v])
 
         def rows_from(start, mr, tag=""):
             """C rows [start, M) mr at a time (fewer left over stay for the next call);
@@ -398,24 +372,8 @@ def _emit(mod, epilogue, bf16=None):
     close_j()
     # the columns past the last full panel (N mod 32 of them): one or two vectors wide,
     # masked; with one, 16 rows at a time (16 accumulators, as many as a full tile's)
-    rem = b.sub(N, n_tiled)
-    lanes = ir.Constant(ir.VectorType(i64, LANES), list(range(LANES)))
-    rem_v = b.shuffle_vector(b.insert_element(ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), rem, lane0),
-                             ir.Constant(ir.VectorType(i64, LANES), ir.Undefined), splat)
-    masks = [b.icmp_signed("<", b.add(lanes, ir.Constant(ir.VectorType(i64, LANES), [v * LANES] * LANES)), rem_v)
-             for v in range(NR // LANES)]
-    one_bb, two_bb, done_bb = (fn.append_basic_block(x) for x in ("tail.one", "tail.two", "done"))
-    tail_bb = fn.append_basic_block("tail")
-    b.cbranch(b.icmp_signed(">", rem, c64(0)), tail_bb, done_bb)
-    b.position_at_end(tail_bb)
-    b.cbranch(b.icmp_signed("<=", rem, c64(LANES)), one_bb, two_bb)
-    b.position_at_end(one_bb)
-    columns(n_tiled, 1, masks[:1], 2 * MR, LANES)
-    b.branch(done_bb)
-    b.position_at_end(two_bb)
-    columns(n_tiled, 2, masks, MR, NR)
-    b.branch(done_bb)
-    b.position_at_end(done_bb)
+    tail_columns(b, b.sub(N, n_tiled), LANES, lambda masks: columns(n_tiled, 1, masks, 2 * MR, LANES),
+                 lambda masks: columns(n_tiled, 2, masks, MR, NR))
     if epilogue:
         b.ret(c64(1))
     else:
