@@ -472,15 +472,23 @@ MATMUL_PRECISIONS = ("float32", "bfloat16")
 _precision = "float32"
 
 
+def matmul_precision_problem(name: str):
+    """None where set_matmul_precision(name) would take name, else why not (one line)."""
+    if name not in MATMUL_PRECISIONS:
+        return f"matmul_precision must be one of: {', '.join(MATMUL_PRECISIONS)}, got '{name}'"
+    if name == "bfloat16" and bf16_problem():
+        return f"matmul_precision bfloat16 {bf16_problem()}"
+    return None
+
+
 def set_matmul_precision(name: str) -> None:
     """"float32" or "bfloat16" for every GEMM the engine's kernels make from now on, in this
     process. ValueError (one line, saying why) for another name or a bfloat16 this CPU or
     build cannot give."""
     global _precision
-    if name not in MATMUL_PRECISIONS:
-        raise ValueError(f"matmul_precision must be one of: {', '.join(MATMUL_PRECISIONS)}, got '{name}'")
-    if name == "bfloat16" and bf16_problem():
-        raise ValueError(f"matmul_precision bfloat16 {bf16_problem()}")
+    problem = matmul_precision_problem(name)
+    if problem:
+        raise ValueError(problem)
     if _bf16 is not None and _bf16[0] is not None:
         _bf16[0](1 if name == "bfloat16" else 0)
     _precision = name

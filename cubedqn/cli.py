@@ -347,13 +347,10 @@ def check_views(views):
 
 def check_matmul_precision(name):
     """A --matmul-precision this process can run, else exit 2 with why."""
-    from .blas import matmul_precision, set_matmul_precision
-    before = matmul_precision()
-    try:
-        set_matmul_precision(name)
-    except ValueError as e:
-        raise UserError(f"--matmul-precision: {e}") from None
-    set_matmul_precision(before)
+    from .blas import matmul_precision_problem
+    problem = matmul_precision_problem(name)
+    if problem:
+        raise UserError(f"--matmul-precision: {problem}")
 
 
 @main.command("eval")
