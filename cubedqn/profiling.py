@@ -87,46 +87,35 @@ def fma_loop(dtype=np.float32):
     """(loop, lanes, chains): loop(n) runs n rounds of the FMA chains `_fma_ceiling_ir`
     writes for this CPU (16 chains of 512-bit vectors with AVX-512, 12 of 256-bit without:
     enough in flight to cover the FMA latency on both FMA pipes) and returns lane 0 of
-    their sum. Built once per process and dtype (its object code cached like the kernels')."""
+    their sum; dtype "bf16": 16 chains of VDPBF16PS (CPUs with AVX512_BF16; the ceiling of
+    tile_bf16.py's products). Built once per process and dtype (its object code cached
+    like the kernels')."""
     import ctypes
 
     from .native import host_has_avx512, load_or_compile
-    double = np.dtype(dtype) == np.float64
-    key = np.dtype(dtype).name
+    bf16 = isinstance(dtype, str) and dtype == "bf16"
+    double = not bf16 and np.dtype(dtype) == np.float64
+    key = "bf16" if bf16 else np.dtype(dtype).name
     if key not in _FMA_LOOPS:
-        wide = host_has_avx512()
+        wide = bf16 or host_has_avx512()
         lanes, chains = (16 if wide else 8) // (2 if double else 1), 16 if wide else 12
         name = f"cubedqn_fma_loop_{key}"
-        engine, _ = load_or_compile(f"fma-ceiling-{key}", __file__,
-                                    lambda: _fma_ceiling_ir("f64" if double else "f32", lanes, chains, name), (name,),
-                                    ",-prefer-256-bit" if wide else "")
+        sources = (__file__, Path(__file__).with_name("tile_bf16.py")) if bf16 else __file__
+        kind = "bf16" if bf16 else "f64" if double else "f32"
+        engine, _ = load_or_compile(f"fma-ceiling-{key}", sources, lambda: _fma_ceiling_ir(kind, lanes, chains, name),
+                                    (name,), ",-prefer-256-bit" if wide else "")
         loop = ctypes.CFUNCTYPE(ctypes.c_double if double else ctypes.c_float, ctypes.c_int64)(
             engine.get_function_address(name))
         _FMA_LOOPS[key] = (engine, loop, lanes, chains)
     return _FMA_LOOPS[key][1:]
 
 
-def bf16_loop():
-    """(loop, lanes, chains) as fma_loop, of VDPBF16PS (two bf16 products per lane) chains;
-    for CPUs with AVX512_BF16 (the ceiling of tile_bf16.py's products)."""
-    import ctypes
-
-    from .native import load_or_compile
-    if "bf16" not in _FMA_LOOPS:
-        name = "cubedqn_bf16_dot_loop"
-        engine, _ = load_or_compile("bf16-ceiling", (__file__, Path(__file__).with_name("tile_bf16.py")),
-                                    lambda: _fma_ceiling_ir("bf16", 16, 16, name), (name,), ",-prefer-256-bit")
-        loop = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address(name))
-        _FMA_LOOPS["bf16"] = (engine, loop, 16, 16)
-    return _FMA_LOOPS["bf16"][1:]
-
-
 def fma_ceiling_gflops(dtype=np.float32, reps=5, seconds=0.02) -> float:
     """The most floating-point operations per second one core does here: the best of reps
     readings (about `seconds` each) of fma_loop, vector FMAs in registers and nothing else.
     No GEMM can run faster; the sgemm peak says how close the library gets. dtype "bf16":
-    the bf16 dot-product loop's (bf16_loop), two products per lane."""
-    loop, lanes, chains = bf16_loop() if dtype == "bf16" else fma_loop(dtype)
+    the bf16 dot-product loop's, two products per lane."""
+    loop, lanes, chains = fma_loop(dtype)
     flops_per_round = (4 if dtype == "bf16" else 2) * lanes * chains  # multiplies and adds per lane
     rounds = 1000
     while True:  # find how many rounds take about `seconds`
