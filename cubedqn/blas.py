@@ -477,7 +477,7 @@ def matmul_precision_problem(name: str):
     if name not in MATMUL_PRECISIONS:
         return f"matmul_precision must be one of: {', '.join(MATMUL_PRECISIONS)}, got '{name}'"
     if name == "bfloat16" and bf16_problem():
-        return f"matmul_precision bfloat16 {bf16_problem()}"
+        return f"matmul_precision = bfloat16 {bf16_problem()}"
     return None
 
 
