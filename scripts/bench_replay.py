@@ -2,6 +2,12 @@
 """Replay buffer throughput and memory: batch add (transitions/s), uniform and prioritized
 sampling (batches of 64 per second), bytes per transition. Medians of repeated timings.
 
+Each buffer is first filled once, timed on its own ("first fill"): that pass writes the
+buffer's pages for the first time, and the page faults it takes vary a lot from run to run
+on a shared host (adds of 256 read 7-9 M/s in some runs and 54-77 in others while they
+were the first to write most pages). The add rates after it are a running buffer's, whose
+pages are all written.
+
 Targets (trainer issue): add >= 20M transitions/s, sample >= 100k batches of 64/s,
 <= 64 bytes per 2x2x2 transition. The seeds' C++ buffer: 207k adds/s, 131 batches/s.
 
@@ -37,6 +43,13 @@ def main():
         for prioritized in (False, True):
             buf = ReplayBuffer(cap, s, 0.99, prioritized=prioritized)
             kind = "prioritized" if prioritized else "uniform"
+            fill = rng.integers(0, 6, (4096, buf.layout.width)).astype(np.uint8)
+            t = time.perf_counter()
+            for _ in range(-(-cap // len(fill))):
+                buf.add(fill)
+            took = time.perf_counter() - t
+            print(f"{name} {kind:<11s} first fill of {cap:,} in batches of 4096: {took:6.3f} s "
+                  f"({cap / took / 1e6:.1f} M transitions/s)")
             for n in (64, 256, 4096):
                 rec = rng.integers(0, 6, (n, buf.layout.width)).astype(np.uint8)
                 rate = median_rate(lambda: buf.add(rec), n)
