@@ -54,7 +54,11 @@ that, tests/blas_rows.py).
 bfloat16: on CPUs with AVX512_BF16 the module also holds tile_bf16.py's kernel and a flag
 (set by blas.set_matmul_precision through SET_PRECISION); while it is on, TILE and
 TILE_BIAS hand every row-major, alpha 1, beta 0 product to that kernel whatever the
-shapes and the library's threads, and nothing to the library.
+shapes, and nothing to the library. Where the library has T > 1 threads (`--threads T`,
+the BLAS tuner keeping them), products of SPLIT_MACS multiply-adds or more are split by
+rows into up to T shares, each on a pthread started for it and the first on the caller
+(the same bits: rows are independent in the kernel); on the 2-vCPU Zen 4 host the 3x3x3
+step's GEMM layers ran 1.10-1.42x faster on two threads (README, "bfloat16 matmuls").
 
 What it is not: a general BLAS (no blocking for L2: K and M are bounded as above), or built
 for AVX2 (16 accumulators of 32 floats need 32 registers; on CPUs without AVX-512 nothing
@@ -92,6 +96,12 @@ K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512)
 # 3x3x3 head's gradient, 512 x 256 x 12: 82 against 47 GFLOP/s for the library, Zen 4, hot)
 TRANS_A_MAX = 256
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+# bfloat16 products of at least this many multiply-adds (0.7 ms or more on one Zen 4 core)
+# are split by rows over the library's threads (a pthread started per share, the caller
+# taking the first): on the 2-vCPU host products of 0.35 ms ran 0.52-0.67x on two threads
+# (waking the other CPU for each product), those of 1.3 ms and more 1.5-1.8x when it was free
+SPLIT_MACS = 1 << 26
+MAX_PARTS = 8
 
 
 def _signature():
@@ -116,10 +126,90 @@ def module_ir() -> str:
         sb = ir.IRBuilder(setter.append_basic_block("entry"))
         sb.store(setter.args[0], flag)
         sb.ret_void()
-        bf16 = (tile_bf16.emit(mod), flag)
+        bf16 = (_emit_bf16_split(mod, tile_bf16.emit(mod)), flag)
     _emit(mod, epilogue=False, bf16=bf16)
     _emit(mod, epilogue=True, bf16=bf16)
     return str(mod)
+
+
+def _emit_bf16_split(mod, bf16_fn):
+    """A function with BF16's signature that runs it on shares of C's rows, one per thread of
+    the library's (at most MAX_PARTS, each a multiple of MR rows), where the product has
+    SPLIT_MACS multiply-adds or more; else, or with one library thread, calls it as is.
+    Rows are independent in BF16 (the same bits whichever call a row falls in), so the
+    split changes no result. A thread that cannot be started leaves its share to the caller."""
+    i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
+    arg_types = [a.type for a in bf16_fn.args]
+    share_t = ir.LiteralStructType(arg_types)
+    fn = ir.Function(mod, bf16_fn.function_type, name=tile_bf16.BF16 + "_split")
+    fn.linkage = "internal"
+    ta, tb, M, N, K, A, lda, B, ldb, C, ldc, bias, epi = fn.args
+    library_threads = declare(mod, THREADS, ir.FunctionType(i32, []))
+    start_fn_t = ir.FunctionType(i8p, [i8p])
+    create = declare(mod, "pthread_create", ir.FunctionType(i32, [i64.as_pointer(), i8p, start_fn_t.as_pointer(), i8p]))
+    join = declare(mod, "pthread_join", ir.FunctionType(i32, [i64, i8p.as_pointer()]))
+
+    run = ir.Function(mod, start_fn_t, name=tile_bf16.BF16 + "_share")  # a thread's body: one share
+    run.linkage = "internal"
+    rb = ir.IRBuilder(run.append_basic_block("entry"))
+    share = rb.load(rb.bitcast(run.args[0], share_t.as_pointer()))
+    rb.call(bf16_fn, [rb.extract_value(share, i) for i in range(len(arg_types))])
+    rb.ret(ir.Constant(i8p, None))
+
+    def c64(v):
+        return ir.Constant(i64, v)
+
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    threads = b.sext(b.call(library_threads, []), i64)
+    parts = b.select(b.icmp_signed("<", threads, c64(MAX_PARTS)), threads, c64(MAX_PARTS))
+    most = b.sdiv(M, c64(MR))  # no share smaller than one row group
+    parts = b.select(b.icmp_signed("<", most, parts), most, parts)
+    big = b.icmp_signed(">=", b.mul(b.mul(M, N), K), c64(SPLIT_MACS))
+    split_bb, whole_bb = fn.append_basic_block("split"), fn.append_basic_block("whole")
+    b.cbranch(b.and_(big, b.icmp_signed(">=", parts, c64(2))), split_bb, whole_bb)
+    b.position_at_end(whole_bb)
+    b.call(bf16_fn, fn.args)
+    b.ret_void()
+
+    b.position_at_end(split_bb)
+    shares = b.alloca(share_t, MAX_PARTS)
+    tids = b.alloca(i64, MAX_PARTS)
+    started = b.alloca(i32, MAX_PARTS)
+    # rows per share: ceil(M / parts) rounded up to whole row groups; then as many shares
+    # as that takes (none left empty)
+    per = b.mul(b.sdiv(b.add(b.sdiv(b.add(M, b.sub(parts, c64(1))), parts), c64(MR - 1)), c64(MR)), c64(MR))
+    parts = b.sdiv(b.add(M, b.sub(per, c64(1))), per)
+    trans_a = b.icmp_signed("==", ta, ir.Constant(i32, TRANS))
+
+    def share_of(p):
+        """(rows, the share's args) of share p (rows <= 0: nothing left for it)."""
+        i0 = b.mul(p, per)
+        left = b.sub(M, i0)
+        rows = b.select(b.icmp_signed("<", left, per), left, per)
+        a_at = b.gep(A, [b.select(trans_a, i0, b.mul(i0, lda))])
+        return rows, [ta, tb, rows, N, K, a_at, lda, B, ldb, b.gep(C, [b.mul(i0, ldc)]), ldc, bias, epi]
+
+    p, _, close_p = counted_loop(b, c64(1), parts, 1, "start")  # shares 1.. on threads of their own
+    rows, args = share_of(p)
+    slot = b.gep(shares, [p])
+    value = ir.Constant(share_t, ir.Undefined)
+    for i, a in enumerate(args):
+        value = b.insert_value(value, a, i)
+    b.store(value, slot)
+    ok = b.icmp_signed("==", b.call(create, [b.gep(tids, [p]), ir.Constant(i8p, None), run, b.bitcast(slot, i8p)]),
+                       ir.Constant(i32, 0))
+    b.store(b.zext(ok, i32), b.gep(started, [p]))
+    with b.if_then(b.not_(ok)):  # no thread: the caller takes this share now
+        b.call(bf16_fn, args)
+    close_p()
+    rows0, args0 = share_of(c64(0))
+    b.call(bf16_fn, args0)
+    p, _, close_p = counted_loop(b, c64(1), parts, 1, "join")
+    with b.if_then(b.icmp_signed("!=", b.load(b.gep(started, [p])), ir.Constant(i32, 0))):
+        b.call(join, [b.load(b.gep(tids, [p])), ir.Constant(i8p.as_pointer(), None)])
+    close_p()
+    b.ret_void()
+    return fn
 
 
 def _emit(mod, epilogue, bf16=None):

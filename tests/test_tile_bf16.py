@@ -126,6 +126,32 @@ def test_bf16_in_njit_kernels_and_the_bias_epilogue(m, k, n, relu):
     assert np.abs(after - a.astype(np.float64) @ b).max() < 1e-3
 
 
+@needs_bf16
+@pytest.mark.parametrize("m,n,k,ta,tb", [(512, 512, 1024, NO_TRANS, NO_TRANS), (100, 1000, 700, NO_TRANS, NO_TRANS),
+                                         (77, 1999, 513, TRANS, NO_TRANS), (1024, 512, 256, TRANS, NO_TRANS),
+                                         (259, 1024, 512, NO_TRANS, TRANS), (9, 8192, 1024, NO_TRANS, NO_TRANS)])
+def test_bf16_split_over_the_library_threads_changes_no_bit(m, n, k, ta, tb):
+    """Products of SPLIT_MACS or more multiply-adds run on shares of C's rows, one thread
+    each of the library's (tile_gemm._emit_bf16_split): the same bits with 1, 2 or 3
+    threads, and the definition's; the bias epilogue likewise."""
+    from cubedqn.threads import limit_threads
+    assert m * n * k >= blas.tile_gemm.SPLIT_MACS
+    rng = np.random.default_rng(m + n + k)
+    a, b, op_a, op_b = _operands(rng, m, n, k, ta, tb)
+    want = gemm_bf16(op_a, op_b)
+    bias = rng.standard_normal(n).astype(np.float32)
+    x, w = np.ascontiguousarray(op_a), np.ascontiguousarray(op_b)
+    try:
+        for threads in (1, 2, 3):
+            limit_threads(threads)
+            with blas.matmul_precision_as("bfloat16"):
+                np.testing.assert_array_equal(_tile_call(ta, tb, m, n, k, a, b), want)
+                fused = np.full((m, n), np.nan, np.float32)
+                assert _bias_relu_jit(x, w, bias, fused, True)
+            np.testing.assert_array_equal(fused, np.maximum(want + bias, np.float32(0)))
+    finally:
+        limit_threads(1)
+
 def test_unknown_precision_and_unavailable_bf16_are_one_line_errors(monkeypatch):
     with pytest.raises(ValueError, match="matmul_precision must be one of: float32, bfloat16, got 'fp16'"):
         blas.set_matmul_precision("fp16")
