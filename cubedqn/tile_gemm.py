@@ -134,7 +134,7 @@ def module_ir() -> str:
 
 def _emit_bf16_split(mod, bf16_fn):
     """A function with BF16's signature that runs it on shares of C's rows, one per thread of
-    the library's (at most MAX_PARTS, each a multiple of MR rows), where the product has
+    the library's (at most MAX_PARTS, whole row groups of MR but the last), where the product has
     SPLIT_MACS multiply-adds or more; else, or with one library thread, calls it as is.
     Rows are independent in BF16 (the same bits whichever call a row falls in), so the
     split changes no result. A thread that cannot be started leaves its share to the caller."""
@@ -182,15 +182,15 @@ def _emit_bf16_split(mod, bf16_fn):
     trans_a = b.icmp_signed("==", ta, ir.Constant(i32, TRANS))
 
     def share_of(p):
-        """(rows, the share's args) of share p (rows <= 0: nothing left for it)."""
+        """BF16's arguments for share p: rows p * per .. of C, and of op(A)."""
         i0 = b.mul(p, per)
         left = b.sub(M, i0)
         rows = b.select(b.icmp_signed("<", left, per), left, per)
         a_at = b.gep(A, [b.select(trans_a, i0, b.mul(i0, lda))])
-        return rows, [ta, tb, rows, N, K, a_at, lda, B, ldb, b.gep(C, [b.mul(i0, ldc)]), ldc, bias, epi]
+        return [ta, tb, rows, N, K, a_at, lda, B, ldb, b.gep(C, [b.mul(i0, ldc)]), ldc, bias, epi]
 
     p, _, close_p = counted_loop(b, c64(1), parts, 1, "start")  # shares 1.. on threads of their own
-    rows, args = share_of(p)
+    args = share_of(p)
     slot = b.gep(shares, [p])
     value = ir.Constant(share_t, ir.Undefined)
     for i, a in enumerate(args):
@@ -202,8 +202,7 @@ def _emit_bf16_split(mod, bf16_fn):
     with b.if_then(b.not_(ok)):  # no thread: the caller takes this share now
         b.call(bf16_fn, args)
     close_p()
-    rows0, args0 = share_of(c64(0))
-    b.call(bf16_fn, args0)
+    b.call(bf16_fn, share_of(c64(0)))
     p, _, close_p = counted_loop(b, c64(1), parts, 1, "join")
     with b.if_then(b.icmp_signed("!=", b.load(b.gep(started, [p])), ir.Constant(i32, 0))):
         b.call(join, [b.load(b.gep(tids, [p])), ir.Constant(i8p.as_pointer(), None)])
@@ -213,8 +212,8 @@ def _emit_bf16_split(mod, bf16_fn):
 
 
 def _emit(mod, epilogue, bf16=None):
-    """TILE (epilogue False) or TILE_BIAS into mod; bf16: (tile_bf16.BF16, its on flag)
-    where the module has them."""
+    """TILE (epilogue False) or TILE_BIAS into mod; bf16: (the function that runs
+    tile_bf16.BF16, split over threads where it pays, and its on flag) where the module has them."""
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec = ir.VectorType(f32, LANES)
     library = declare(mod, LIBRARY, _signature())
