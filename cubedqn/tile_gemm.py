@@ -99,7 +99,7 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 # bfloat16 products of at least this many multiply-adds (0.7 ms or more on one Zen 4 core)
 # are split by rows over the library's threads (a pthread started per share, the caller
 # taking the first): on the 2-vCPU host products of 0.35 ms ran 0.52-0.67x on two threads
-# (waking the other CPU for each product), those of 1.3 ms and more 1.5-1.8x when it was free
+# (waking the other CPU for each product), those of 1.3 ms and more 1.3-1.8x when it was free
 SPLIT_MACS = 1 << 26
 MAX_PARTS = 8
 
