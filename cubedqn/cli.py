@@ -17,7 +17,7 @@ import numpy as np
 
 from . import __version__
 from .checkpoint import CheckpointError
-from .config import Config, ConfigError, list_profiles, load_profile, validate
+from .config import Config, ConfigError, list_profiles, load_profile, matmul_precision_device_problem, validate
 from .threads import limit_threads
 from .cube import (CubeError, METRICS, ascii_net, format_moves, from_facelets, get_puzzle, is_solved,
                    parse_moves, to_facelets)
@@ -239,8 +239,9 @@ def make_trainer(cfg, device, resume=None):
     from .dqn import Trainer
     cls = Trainer
     if device == "cuda":
-        if cfg.matmul_precision != "float32":  # --device auto that found a GPU (validate refuses cuda)
-            raise UserError(f"matmul_precision = {cfg.matmul_precision} is for the CPU (the CUDA path runs float32)")
+        problem = matmul_precision_device_problem(cfg.matmul_precision, device)  # --device auto that found a GPU
+        if problem:
+            raise UserError(problem)
         from .cuda.trainer import CudaTrainer
         cls = CudaTrainer
     try:

@@ -164,6 +164,14 @@ def _check(cond, msg):
         raise ConfigError(msg)
 
 
+def matmul_precision_device_problem(matmul_precision: str, device: str):
+    """Why `matmul_precision` cannot run on `device`, or None. validate asks with the config's
+    device; the CLI asks again with the device that --device auto resolved to."""
+    if matmul_precision == "bfloat16" and device == "cuda":
+        return "matmul_precision = bfloat16 is for the CPU (the CUDA path runs float32)"
+    return None
+
+
 def validate(c: Config) -> Config:
     _check(c.puzzle in PUZZLES, f"unknown puzzle '{c.puzzle}' (expected cube2 or cube3)")
     _check(c.metric in METRICS, f"unknown metric '{c.metric}' (expected qtm or htm)")
@@ -179,7 +187,8 @@ def validate(c: Config) -> Config:
     _check(c.precision in ("float32", "float64"), f"precision must be float32 or float64, got '{c.precision}'")
     if c.matmul_precision == "bfloat16":
         _check(c.precision == "float32", "matmul_precision = bfloat16 needs precision = float32")
-        _check(c.device != "cuda", "matmul_precision = bfloat16 is for the CPU (the CUDA path runs float32)")
+        problem = matmul_precision_device_problem(c.matmul_precision, c.device)
+        _check(problem is None, problem)
     if c.matmul_precision != "float32":  # a name to check, a CPU to ask: blas's rule and words
         from . import blas
         problem = blas.matmul_precision_problem(c.matmul_precision)

@@ -159,8 +159,11 @@ def test_unknown_precision_and_unavailable_bf16_are_one_line_errors(monkeypatch)
         validate(Config(matmul_precision="half"))
     with pytest.raises(ConfigError, match="needs precision = float32"):
         validate(Config(matmul_precision="bfloat16", precision="float64"))
-    with pytest.raises(ConfigError, match="is for the CPU"):
+    with pytest.raises(ConfigError, match="^matmul_precision = bfloat16 is for the CPU"):
         validate(Config(matmul_precision="bfloat16", device="cuda"))
+    from cubedqn.cli import UserError, make_trainer  # --device auto that resolved to a GPU: the same words
+    with pytest.raises(UserError, match="^matmul_precision = bfloat16 is for the CPU"):
+        make_trainer(Config(matmul_precision="bfloat16", device="auto"), "cuda")
     monkeypatch.setattr(blas, "_bf16", (None, "needs a CPU with AVX512_BF16 (this one has none)"))
     with pytest.raises(ValueError, match="^matmul_precision = bfloat16 needs a CPU with AVX512_BF16"):
         blas.set_matmul_precision("bfloat16")
