@@ -62,16 +62,29 @@ def _visited(hist, n_hist, key):
 
 
 @njit(cache=True, nogil=True)
+def _ranks_before(x, y):
+    """Whether Q-value x comes before y: higher first, NaN last."""
+    return x > y or (y != y and x == x)
+
+
+@njit(cache=True, nogil=True)
 def greedy_step(q, rows, kids, kid_keys, states, hist, hist_len, actions_out, stuck):
     """Cube rows[k] (q row k, children kids[k], their keys kid_keys[k]) takes its best action
-    to a position not visited before; states and the key history are updated in place."""
+    to a position not visited before; states and the key history are updated in place.
+    Actions are tried in the order of a stable argsort of -q (ties: the lower action; NaN
+    last), found by selection: no array per cube, and no sort to compile (numba's argsort
+    cost ~2 s of a cold start)."""
     n_a = q.shape[1]
     for k in range(rows.shape[0]):
         i = rows[k]
-        order = np.argsort(-q[k])
         chosen = -1
-        for r in range(n_a):
-            a = order[r]
+        tried = 0  # bit a: action a was tried (n_a <= 18)
+        for _ in range(n_a):
+            a = -1
+            for b in range(n_a):
+                if not (tried >> b) & 1 and (a < 0 or _ranks_before(q[k, b], q[k, a])):
+                    a = b
+            tried |= 1 << a
             if not _visited(hist[i], hist_len[i], kid_keys[k, a]):
                 chosen = a
                 break

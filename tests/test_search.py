@@ -228,3 +228,47 @@ def test_select_beam_equals_taking_the_first_distinct_in_sorted_order(crowded):
     out = np.empty(width, np.int64)
     n = select_beam(None, kids, scores, width, out)
     assert out[:n].tolist() == want and n == width
+
+
+@pytest.mark.parametrize("n_a", [12, 18])
+def test_greedy_step_takes_the_first_unvisited_action_of_a_stable_argsort(n_a):
+    """greedy_step's selection against numpy: actions by descending Q (ties: the lower
+    action first, NaN last), the first whose child's key is not in the cube's history."""
+    from cubedqn.search import greedy_step
+    rng = np.random.default_rng(3)
+    n, key_len, s = 200, 3, 5
+    q = rng.integers(0, 4, (n, n_a)).astype(np.float32)  # few values: many ties
+    q[rng.random((n, n_a)) < 0.1] = np.nan
+    q[0] = np.nan  # a row of NaNs only
+    kid_keys = rng.integers(0, 255, (n, n_a, key_len)).astype(np.uint8)
+    kids = rng.integers(0, 6, (n, n_a, s)).astype(np.uint8)
+    hist = np.zeros((n, n_a + 2, key_len), np.uint8)
+    hist_len = rng.integers(1, n_a + 1, n)
+    hist_len[1] = n_a + 1  # every child visited: stuck
+    for i in range(n):  # history: the children of random actions, then noise
+        for h, a in enumerate(rng.permutation(n_a)[:hist_len[i]] if i != 1 else range(n_a)):
+            hist[i, h] = kid_keys[i, a]
+        if i == 1:
+            hist[i, n_a] = 255
+    states = np.zeros((n, s), np.uint8)
+    want_states, want_hist, want_len = states.copy(), hist.copy(), hist_len.copy()
+    want_actions, want_stuck = np.full(n, -1, np.int64), np.zeros(n, np.bool_)
+    for i in range(n):
+        seen = {bytes(k) for k in hist[i, :hist_len[i]]}
+        order = [a for a in np.argsort(-q[i], kind="stable") if bytes(kid_keys[i, a]) not in seen]
+        if not order:
+            want_stuck[i] = True
+            continue
+        a = order[0]
+        want_states[i] = kids[i, a]
+        want_hist[i, want_len[i]] = kid_keys[i, a]
+        want_len[i] += 1
+        want_actions[i] = a
+    actions, stuck = np.full(n, -1, np.int64), np.zeros(n, np.bool_)
+    greedy_step(q, np.arange(n), kids, kid_keys, states, hist, hist_len, actions, stuck)
+    assert want_stuck[1] and not want_stuck[0] and want_actions[0] >= 0
+    np.testing.assert_array_equal(actions, want_actions)
+    np.testing.assert_array_equal(stuck, want_stuck)
+    np.testing.assert_array_equal(states, want_states)
+    np.testing.assert_array_equal(hist, want_hist)
+    np.testing.assert_array_equal(hist_len, want_len)
