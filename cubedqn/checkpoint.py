@@ -4,7 +4,10 @@ A run directory holds config.json, model.npz (online + target parameters, optimi
 state), state.json (counters, RNG state, curriculum) and optionally replay.npz (the
 replay buffer and the environments, for an exact resume). Every file is written to a
 temporary name in the same directory and renamed into place, so a crash mid-write never
-leaves a half-written checkpoint behind.
+leaves a half-written checkpoint behind. metrics.jsonl, a record per log interval, is
+appended instead; a resumed run first drops the records past its checkpoint
+(`rewind_metrics`), and a new run in a directory without a checkpoint keeps the earlier
+run's file under another name (`set_aside_metrics`).
 """
 
 from __future__ import annotations
@@ -66,3 +69,55 @@ def read_npz(path) -> dict:
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise CheckpointError(f"checkpoint file {path} is corrupt ({e.__class__.__name__})") from None
+
+
+def read_metrics(path) -> tuple[list, int]:
+    """(records, lines dropped) of a metrics.jsonl: one JSON object per line, appended at each
+    log interval. A last line that does not parse (a process killed while writing it) is
+    dropped; any other line that does not parse raises CheckpointError."""
+    path = Path(path)
+    lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+            if i == len(lines) - 1:
+                return records, 1
+            raise CheckpointError(f"{path} is corrupt (line {i + 1} is not a metrics record)")
+        records.append(rec)
+    return records, 0
+
+
+def rewind_metrics(path, step: int) -> int:
+    """Resuming at gradient step `step`: rewrite metrics.jsonl (atomically) without the records
+    of later steps, which a run logged after that checkpoint and then stopped without saving
+    again (those steps run again and log again), and without a cut-short last line. Returns
+    how many records or lines it dropped (0: the file is left as it is)."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    records, torn = read_metrics(path)
+    keep = [r for r in records if r["step"] <= step]
+    dropped = len(records) - len(keep) + torn
+    if dropped:
+        _atomic(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in keep).encode()))
+    return dropped
+
+
+def set_aside_metrics(run_dir):
+    """A new run in a directory where an earlier run logged but never saved a checkpoint (no
+    state.json): its metrics.jsonl is renamed to metrics.unfinished.jsonl (or .1, .2, ...
+    before the suffix where that is taken), so that the new run's record starts empty and
+    the old one is kept. Returns the new path, or None if there was no such file."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return None
+    n, dest = 0, Path(run_dir) / "metrics.unfinished.jsonl"
+    while dest.exists():
+        n += 1
+        dest = Path(run_dir) / f"metrics.unfinished.{n}.jsonl"
+    os.replace(path, dest)
+    return dest

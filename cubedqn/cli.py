@@ -16,7 +16,7 @@ import click
 import numpy as np
 
 from . import __version__
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, read_metrics, rewind_metrics, set_aside_metrics
 from .config import Config, ConfigError, list_profiles, load_profile, matmul_precision_device_problem, validate
 from .threads import limit_threads
 from .cube import (CubeError, METRICS, ascii_net, format_moves, from_facelets, get_puzzle, is_solved,
@@ -179,6 +179,12 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
         run_dir = Path(out) if out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         if (run_dir / "state.json").exists():
             raise UserError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
+        try:
+            kept = set_aside_metrics(run_dir)
+        except OSError as e:
+            raise UserError(f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
+        if kept:
+            click.echo(f"{run_dir} held the metrics of a run that saved no checkpoint: kept as {kept.name}")
     dev = resolve_device(cfg.device)
     if not resume:  # before the trainer is built: an --out that cannot be written fails at once
         write_config(run_dir, cfg)
@@ -189,6 +195,13 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     if resume:
         click.echo(f"resuming {run_dir} at gradient step {trainer.grad_steps}")
         write_config(run_dir, cfg)  # the steps and minutes it now runs to
+        try:
+            dropped = rewind_metrics(run_dir / "metrics.jsonl", trainer.grad_steps)
+        except (CheckpointError, OSError) as e:
+            raise UserError(str(e) if isinstance(e, CheckpointError) else
+                            f"cannot rewrite {run_dir / 'metrics.jsonl'}: {e.strerror or e}") from None
+        if dropped:
+            click.echo(f"metrics.jsonl: dropped {dropped} record(s) logged after the checkpoint (those steps run again)")
 
     def on_log(r):
         solve = "-" if r["solve_rate"] is None else f"{r['solve_rate']:.2f}"
@@ -579,9 +592,11 @@ def plot(run_dir, out):
     except ImportError:
         raise UserError("plotting needs matplotlib: pip install 'cubedqn[plot]'") from None
     try:
-        recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError:
-        raise UserError(f"{path} is corrupt (not one JSON object per line)") from None
+        recs, torn = read_metrics(path)
+    except CheckpointError as e:
+        raise UserError(str(e)) from None
+    if torn:
+        click.echo(f"{path}: left out its last line, cut short (a run killed while logging)", err=True)
     if not recs:
         raise UserError(f"{path} has no records yet")
     steps = [r["step"] for r in recs]

@@ -211,6 +211,64 @@ def test_resume_continues(trained, tmp_path):
     assert json.loads((run_dir / "state.json").read_text())["grad_steps"] == 17
 
 
+def test_resume_drops_the_metrics_logged_after_its_checkpoint(trained, tmp_path):
+    """A run that logged past its last checkpoint and stopped (killed, say) resumes from the
+    checkpoint: its records of the steps that run again are dropped, and so is a last line
+    cut short, so the steps in metrics.jsonl keep increasing."""
+    import shutil
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained, run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    before = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert before[-1]["step"] == 10
+    ghost = dict(before[-1], step=15)
+    metrics.write_text(metrics.read_text() + json.dumps(ghost) + "\n" + '{"step": 20, "loss": 0.')
+    r = run(["train", "--resume", str(run_dir), "--steps", "20"])
+    assert "dropped 2 record(s) logged after the checkpoint" in r.output
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
+    assert steps == [rec["step"] for rec in before] + [15, 20] and steps == sorted(steps)
+    assert json.loads(metrics.read_text().splitlines()[len(before)]) != ghost  # logged again, not kept
+    r = run(["train", "--resume", str(run_dir), "--steps", "21"])  # nothing past the checkpoint now
+    assert "dropped" not in r.output
+    metrics.write_text(metrics.read_text().replace('"step": 15', '"step": "x"', 1))  # corrupt in the middle
+    r = CliRunner().invoke(main, ["train", "--resume", str(run_dir), "--steps", "22"], catch_exceptions=False)
+    assert r.exit_code == 2 and r.output.splitlines()[-1].startswith("cubedqn: error: ")
+    assert r.output.splitlines()[-1].endswith("metrics.jsonl is corrupt (line 3 is not a metrics record)")
+
+
+def test_a_new_run_keeps_the_metrics_of_an_unfinished_one_aside(tmp_path):
+    """A run killed before its first checkpoint leaves config.json and metrics.jsonl but no
+    state.json; a new run with the same --out starts its own record and keeps the old one."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1000, "loss": 1.0}\n{"step": 2000, "lo')
+    args = ["train", "--profile", "cube2-quick", "--steps", "5", "--minutes", "0", "--out", str(out)] + TINY
+    r = run(args)
+    assert "kept as metrics.unfinished.jsonl" in r.output
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [5]
+    assert (out / "metrics.unfinished.jsonl").read_text().startswith('{"step": 1000')
+    (out / "state.json").unlink()
+    assert "kept as metrics.unfinished.1.jsonl" in run(args).output
+
+
+def test_metrics_with_a_torn_last_line_are_read_without_it(tmp_path):
+    from cubedqn.checkpoint import CheckpointError, read_metrics
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1000, "loss": 1.0}\n\n{"step": 2000, "loss": 0.5}\n{"step": 3000, "lo')
+    assert read_metrics(path) == ([{"step": 1000, "loss": 1.0}, {"step": 2000, "loss": 0.5}], 1)
+    path.write_text('{"step": 1000, "loss": 1.0}\n')
+    assert read_metrics(path) == ([{"step": 1000, "loss": 1.0}], 0)
+    for bad in ('{"step": 1000, "lo\n{"step": 2000}\n', '[1, 2]\n{"step": 2000}\n', '{"loss": 1}\n{"step": 2}\n'):
+        path.write_text(bad)
+        with pytest.raises(CheckpointError, match=r"metrics.jsonl is corrupt \(line 1 is not a metrics record\)$"):
+            read_metrics(path)
+    pytest.importorskip("matplotlib")
+    path.write_text('{"step": 1000, "loss": 1.0}\n{"step": 2000, "loss": 0.5}\n{"step": 3000, "lo')
+    r = CliRunner().invoke(main, ["plot", str(tmp_path), "--out", str(tmp_path / "m.png")])
+    assert r.exit_code == 0 and "left out its last line, cut short" in r.output, r.output
+    assert (tmp_path / "m.png").stat().st_size > 0
+
+
 def test_checkpoint_for_wrong_puzzle_is_rejected(trained, tmp_path):
     import shutil
     run_dir = tmp_path / "bad"
