@@ -7,7 +7,7 @@ temporary name in the same directory and renamed into place, so a crash mid-writ
 leaves a half-written checkpoint behind. metrics.jsonl, a record per log interval, is
 appended instead; a resumed run first drops the records past its checkpoint
 (`rewind_metrics`), and a new run in a directory without a checkpoint keeps the earlier
-run's file under another name (`set_aside_metrics`).
+run's files under other names (`set_aside_unfinished`).
 """
 
 from __future__ import annotations
@@ -107,17 +107,26 @@ def rewind_metrics(path, step: int) -> int:
     return dropped
 
 
-def set_aside_metrics(run_dir):
+def set_aside_unfinished(run_dir) -> list:
     """A new run in a directory where an earlier run logged but never saved a checkpoint (no
-    state.json): its metrics.jsonl is renamed to metrics.unfinished.jsonl (or .1, .2, ...
-    before the suffix where that is taken), so that the new run's record starts empty and
-    the old one is kept. Returns the new path, or None if there was no such file."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return None
-    n, dest = 0, Path(run_dir) / "metrics.unfinished.jsonl"
-    while dest.exists():
+    state.json): that run's metrics.jsonl and config.json are renamed to
+    metrics.unfinished.jsonl and config.unfinished.json (.1, .2, ... before the suffix
+    where those are taken), so that the new run's record starts empty and the old one is
+    kept with the config that made it. Returns the new paths (none without a metrics.jsonl:
+    a config.json alone is the new run's to overwrite)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").exists():
+        return []
+    n = 0
+    while True:
+        tag = "unfinished" if n == 0 else f"unfinished.{n}"
+        names = {"metrics.jsonl": f"metrics.{tag}.jsonl", "config.json": f"config.{tag}.json"}
+        if not any((run_dir / new).exists() for new in names.values()):
+            break
         n += 1
-        dest = Path(run_dir) / f"metrics.unfinished.{n}.jsonl"
-    os.replace(path, dest)
-    return dest
+    kept = []
+    for old, new in names.items():
+        if (run_dir / old).exists():
+            os.replace(run_dir / old, run_dir / new)
+            kept.append(run_dir / new)
+    return kept

@@ -16,7 +16,7 @@ import click
 import numpy as np
 
 from . import __version__
-from .checkpoint import CheckpointError, read_metrics, rewind_metrics, set_aside_metrics
+from .checkpoint import CheckpointError, read_metrics, rewind_metrics, set_aside_unfinished
 from .config import Config, ConfigError, list_profiles, load_profile, matmul_precision_device_problem, validate
 from .threads import limit_threads
 from .cube import (CubeError, METRICS, ascii_net, format_moves, from_facelets, get_puzzle, is_solved,
@@ -180,11 +180,11 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
         if (run_dir / "state.json").exists():
             raise UserError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
         try:
-            kept = set_aside_metrics(run_dir)
+            kept = set_aside_unfinished(run_dir)
         except OSError as e:
             raise UserError(f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
         if kept:
-            click.echo(f"{run_dir} held the metrics of a run that saved no checkpoint: kept as {kept.name}")
+            click.echo(f"{run_dir} held a run that saved no checkpoint: kept as {' and '.join(p.name for p in kept)}")
     dev = resolve_device(cfg.device)
     if not resume:  # before the trainer is built: an --out that cannot be written fails at once
         write_config(run_dir, cfg)

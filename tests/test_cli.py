@@ -238,17 +238,24 @@ def test_resume_drops_the_metrics_logged_after_its_checkpoint(trained, tmp_path)
 
 def test_a_new_run_keeps_the_metrics_of_an_unfinished_one_aside(tmp_path):
     """A run killed before its first checkpoint leaves config.json and metrics.jsonl but no
-    state.json; a new run with the same --out starts its own record and keeps the old one."""
+    state.json; a new run with the same --out starts its own record and keeps the old one
+    with its config."""
     out = tmp_path / "r"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1000, "loss": 1.0}\n{"step": 2000, "lo')
+    (out / "config.json").write_text('{"the": "old config"}')
     args = ["train", "--profile", "cube2-quick", "--steps", "5", "--minutes", "0", "--out", str(out)] + TINY
     r = run(args)
-    assert "kept as metrics.unfinished.jsonl" in r.output
+    assert "kept as metrics.unfinished.jsonl and config.unfinished.json" in r.output
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [5]
     assert (out / "metrics.unfinished.jsonl").read_text().startswith('{"step": 1000')
+    assert (out / "config.unfinished.json").read_text() == '{"the": "old config"}'
+    assert json.loads((out / "config.json").read_text())["steps"] == 5
     (out / "state.json").unlink()
-    assert "kept as metrics.unfinished.1.jsonl" in run(args).output
+    assert "kept as metrics.unfinished.1.jsonl and config.unfinished.1.json" in run(args).output
+    (out / "state.json").unlink()
+    (out / "metrics.jsonl").unlink()  # killed before its first log line: nothing to keep
+    assert "kept as" not in run(args).output
 
 
 def test_metrics_with_a_torn_last_line_are_read_without_it(tmp_path):
