@@ -174,14 +174,18 @@ class Workspace:
         # backward, at 144 x 256 and 324 x 1024). Decided per workspace, not per call, so
         # that a row's Q-values do not depend on how many rows go with it (the target cache
         # and chunked policies rely on that, bitwise).
-        panel = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
-                 and layout.widths[1] % panels.PANEL == 0 and rows * layout.n_active >= 8 * layout.in_dim)
+        # Where no workspace of this layout could have one (the slot pairs' W1, dense inputs,
+        # float64, panels off), the scratch is None: the kernels are then compiled for that
+        # type, without the panel code (about 3 s of a cold start).
+        possible = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
+                    and layout.widths[1] % panels.PANEL == 0)
+        panel = possible and rows * layout.n_active >= 8 * layout.in_dim
         # the gather's tables (encoding.InputGroups) where the workspace's rows pay for them
         tabled = panel and groups is not None and groups.pays(rows, layout)
         self.groups = groups.tables if tabled else NO_GROUPS
         n_t, n_g = (groups.n_tables, groups.n_groups) if tabled else (0, 0)
         self.panel = aligned_zeros(panel_scratch_size(layout.in_dim, rows, layout.n_active, layout.widths[1], n_t,
-                                                      n_g) if panel else 0, dtype)
+                                                      n_g) if panel else 0, dtype) if possible else None
         self.x = aligned_zeros((rows, layout.in_dim if dense_input else 0), dtype)
         self.q = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
         self.dq = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
@@ -411,7 +415,7 @@ def _tables_for(idx, n_in, panel, groups):
 
 @overload(_panel_gather, jit_options={"nogil": True})
 def _panel_gather_overload(idx, W, b, out, relu, panel, groups):
-    if not (W.dtype == out.dtype == b.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
+    if isinstance(panel, types.NoneType) or not (W.dtype == out.dtype == b.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
         return lambda idx, W, b, out, relu, panel, groups: 0
 
     def run(idx, W, b, out, relu, panel, groups):
@@ -433,7 +437,7 @@ def _panel_gather_overload(idx, W, b, out, relu, panel, groups):
 
 @overload(_panel_scatter, jit_options={"nogil": True})
 def _panel_scatter_overload(idx, dout, dW, db, panel):
-    if not (dW.dtype == dout.dtype == db.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
+    if isinstance(panel, types.NoneType) or not (dW.dtype == dout.dtype == db.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
         return lambda idx, dout, dW, db, panel: 0
 
     # W1 rows, not tables (they did not pay here: docs/performance-log.md)
@@ -631,7 +635,7 @@ def dueling_backward(dq, dhead):
 def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel, groups):
     """Layer 0 over the first `rows` rows: idx (B,S) if sparse else x (B,in) -> acts[0].
     panel, groups: the workspace's panel scratch and tables (see Workspace); empty: the
-    row gather."""
+    row gather; None: the row gather, compiled without the panel code."""
     L = len(Ws)
     if sparse:
         sparse_forward_panels(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1, panel, groups)

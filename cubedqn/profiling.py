@@ -307,7 +307,7 @@ def first_layer_kernel(net, ws) -> str:
     row gather) or "dense" (a GEMM on one-hot rows)."""
     if not net.sparse:
         return "dense"
-    return "panels" if ws.panel.size else "rows"
+    return "panels" if ws.panel is not None and ws.panel.size else "rows"
 
 
 def format_report(r: dict) -> str:

@@ -326,7 +326,7 @@ def test_fused_step_equals_the_per_part_step_bitwise(case):
                             clip=clip, max_grad_norm=0.05, sparse=sparse, fused=fused, target_update_interval=2))
     f, p = pair
     assert f.fused and not p.fused
-    assert (f.ws.panel.size > 0) == (n == 64)
+    assert (f.ws.panel is not None and f.ws.panel.size > 0) == (n == 64)  # None: no panel code compiled
     timer_f, timer_p = PhaseTimer(), PhaseTimer()
     for k in range(4):
         b = a_batch(n, seed=k)

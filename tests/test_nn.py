@@ -447,26 +447,28 @@ def test_panel_kernels_rows_of_wider_buffers_and_fallbacks():
 
 def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
     """float32 workspaces of narrow sparse inputs get a panel scratch (not float64, dense
-    or slot-pair inputs); a step's forward and gradients with and without it agree."""
+    or slot-pair inputs); a step's forward and gradients with and without it agree. A
+    layout none of whose workspaces could have one gets None (the kernels then compile
+    without the panel code); one that could, an empty scratch where the rows are too few."""
     from cubedqn.nn import Workspace, mlp_backward_first, mlp_backward_upper, panel_scratch_size
     from cubedqn.panels import PANEL
     cube3 = Layout(in_dim=324, n_active=54, hidden=(64, 32), n_actions=12)
     assert Workspace(cube3, 48).panel.size == panel_scratch_size(324, 48, 54, 64, 0, 0) >= 324 * PANEL + 48 * 54 + 64
     assert Workspace(cube3, 47).panel.size == 0      # too few rows to pay for copying W1
-    assert Workspace(cube3, 48, np.float64).panel.size == 0
-    assert Workspace(cube3, 48, dense_input=True).panel.size == 0
-    assert Workspace(Layout(9261, 28, (256,), 12), 4096).panel.size == 0
-    assert Workspace(Layout(324, 54, (100,), 12), 48).panel.size == 0   # not a multiple of PANEL
+    assert Workspace(cube3, 48, np.float64).panel is None
+    assert Workspace(cube3, 48, dense_input=True).panel is None
+    assert Workspace(Layout(9261, 28, (256,), 12), 4096).panel is None
+    assert Workspace(Layout(324, 54, (100,), 12), 48).panel is None   # not a multiple of PANEL
     net = MLP(cube3, seed=2)
     rng = np.random.default_rng(3)
     rows = 64
     idx = (np.arange(54)[None, :] * 6 + rng.integers(0, 6, (rows, 54))).astype(np.int32)
     dq = rng.standard_normal((rows, 12)).astype(np.float32)
     results = []
-    for with_panel in (True, False):
+    for panel in ("scratch", "empty", None):
         ws = net.workspace(rows)
-        if not with_panel:
-            ws.panel = np.zeros(0, np.float32)
+        if panel != "scratch":
+            ws.panel = np.zeros(0, np.float32) if panel == "empty" else None
         ws.idx[:] = idx
         q = net.forward_ws(ws, rows).copy()
         ws.deltas[-1][:] = dq
@@ -476,6 +478,8 @@ def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
         mlp_backward_first(ws.idx, ws.x, True, net.Ws, ws.deltas, gW, gb, rows, ws.panel)
         results.append((q, grad))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    same(results[1][0], results[2][0])  # both the row gather: the same bits
+    same(results[1][1], results[2][1])
     ws = net.workspace(rows)
     ws.idx[:] = idx
     few = net.forward_ws(ws, 5).copy()  # a few rows through the same workspace: the same bits
