@@ -521,7 +521,7 @@ def scramble_into(states, depths, moves, n_actions, rng, no_undo, record):
 def scramble_row(row, depth, moves, n_actions, rng, no_undo, tmp, record_row, keep):
     """Apply `depth` random actions to one (S,) state in place; tmp is (S,) scratch."""
     s = row.shape[0]
-    prev = -1
+    prev = np.int64(-1)  # not -1: numba would compile inverse_of for that literal too
     for t in range(depth):
         while True:
             a = below(rng, n_actions)

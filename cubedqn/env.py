@@ -32,7 +32,7 @@ def reset_envs(states, mask, solved_state, depth_lo, depth_hi, moves, n_actions,
             for j in range(s):  # element by element: see the note above cube.py's kernels
                 states[i, j] = solved_state[j]
             depth = depth_lo + below(rng, depth_hi - depth_lo + 1)
-            scramble_row(states[i], depth, moves, n_actions, rng, True, tmp, no_record, False)
+            scramble_row(states[i], depth, moves, n_actions, rng, np.bool_(True), tmp, no_record, np.bool_(False))
             if not solved_row(states[i]):
                 break
         ep_steps[i] = 0

@@ -159,9 +159,12 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     s' for double), targets and loss, backward, clipped update. Returns (loss, gradient
     norm before clipping); stamps[0..9] get the clock at the start and after each part."""
     n = states.shape[0]
-    stamp(stamps, 0)
-    copy_rows(b_states, states, 0)  # contiguous copies: the batch's fields are views of its records
-    copy_rows(b_next, nxt, 0)
+    # Constant arguments go in as np.int64 / np.bool_: numba compiles a callee once per
+    # literal value it is called with (stamp(stamps, 0) .. stamp(stamps, 9) were ten
+    # compiles; about 3 s of a cold cube3 start with the other such calls)
+    stamp(stamps, np.int64(0))
+    copy_rows(b_states, states, np.int64(0))  # contiguous copies: the batch's fields are views of its records
+    copy_rows(b_next, nxt, np.int64(0))
     encode_rotated_or_plain(framed, enc_sparse, states, home_facelets, colours, frame_perm, frame_cmap, order, rot,
                             idx[:n], x[:n])
     encode_rotated_or_plain(framed, enc_sparse, nxt, home_facelets, colours, frame_perm, frame_cmap, order,
@@ -169,22 +172,23 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     if double:  # the online net's rows n..2n are the same inputs
         copy_rows(idx_t[:n], idx, n)
         copy_rows(x_t[:n], x, n)
-    stamp(stamps, 1)
-    forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps, 2)
-    forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n if double else n, panel, groups, dueling, stamps, 4)
+    stamp(stamps, np.int64(1))
+    forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps, np.int64(2))
+    forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n if double else n, panel, groups, dueling, stamps,
+                    np.int64(4))
     sampled_targets(q[n:2 * n] if double else q_t[:n], q_t[:n], b_rewards, b_dones, b_discounts, double, y)
     actions_to_canonical(b_actions, rot, act_map, actions_c)
     loss = loss_taken(q[:n], actions_c, y, weights, scale, loss_kind, dq, td, n)
     if dueling:
         dueling_backward(dq[:n], deltas[-1][:n])
-    stamp(stamps, 6)
+    stamp(stamps, np.int64(6))
     mlp_backward_upper(Ws, acts, deltas, gWs, gbs, n)
-    stamp(stamps, 7)
+    stamp(stamps, np.int64(7))
     mlp_backward_first(idx, x, sparse, Ws, deltas, gWs, gbs, n, panel)
-    stamp(stamps, 8)
+    stamp(stamps, np.int64(8))
     norm = clipped_step(kind, clip, max_norm, params, grads, m_state, v_state, slices, lr, mu, b1, b2, eps, bc1,
                         bc2, wd)
-    stamp(stamps, 9)
+    stamp(stamps, np.int64(9))
     return loss, norm
 
 

@@ -415,7 +415,8 @@ def _tables_for(idx, n_in, panel, groups):
 
 @overload(_panel_gather, jit_options={"nogil": True})
 def _panel_gather_overload(idx, W, b, out, relu, panel, groups):
-    if isinstance(panel, types.NoneType) or not (W.dtype == out.dtype == b.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
+    if isinstance(panel, types.NoneType) or not (W.dtype == out.dtype == b.dtype == panel.dtype == types.float32
+                                                 and idx.dtype == types.int32):
         return lambda idx, W, b, out, relu, panel, groups: 0
 
     def run(idx, W, b, out, relu, panel, groups):
@@ -437,17 +438,19 @@ def _panel_gather_overload(idx, W, b, out, relu, panel, groups):
 
 @overload(_panel_scatter, jit_options={"nogil": True})
 def _panel_scatter_overload(idx, dout, dW, db, panel):
-    if isinstance(panel, types.NoneType) or not (dW.dtype == dout.dtype == db.dtype == panel.dtype == types.float32 and idx.dtype == types.int32):
+    if isinstance(panel, types.NoneType) or not (dW.dtype == dout.dtype == db.dtype == panel.dtype == types.float32
+                                                 and idx.dtype == types.int32):
         return lambda idx, dout, dW, db, panel: 0
 
     # W1 rows, not tables (they did not pay here: docs/performance-log.md)
     def run(idx, dout, dW, db, panel):
         n, s = idx.shape
         n_in = dW.shape[0]
-        hp = _panel_columns(idx, dW, dout, db, panel, _lists_end(n_in, n, s, 0, 0))
+        # np.int64(0), not 0: a literal would compile these twice (see learner.fused_sampled_step)
+        hp = _panel_columns(idx, dW, dout, db, panel, _lists_end(n_in, n, s, np.int64(0), np.int64(0)))
         if hp == 0:
             return 0
-        order, starts, cursor, _ = _list_views(panel, n_in, n, s, 0, 0)
+        order, starts, cursor, _ = _list_views(panel, n_in, n, s, np.int64(0), np.int64(0))
         # A W1 row that a constant column hits in every row and nothing else hits sums all
         # of dout's rows in order: db's sum, bit for bit. Such rows are left out of the lists
         # and get db copied in; where another column hits one too, none are left out.
@@ -659,7 +662,7 @@ def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows):
     L = len(Ws)
     for l in range(L - 1, 0, -1):
         dense_backward(acts[l - 1][:rows], deltas[l][:rows], Ws[l], dWs[l], dbs[l],
-                       deltas[l - 1][:rows], True)
+                       deltas[l - 1][:rows], np.bool_(True))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -668,7 +671,7 @@ def mlp_backward_first(idx, x, sparse, Ws, deltas, dWs, dbs, rows, panel):
     if sparse:
         sparse_backward_panels(idx[:rows], deltas[0][:rows], dWs[0], dbs[0], panel)
     else:
-        dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], False)
+        dense_backward(x[:rows], deltas[0][:rows], Ws[0], dWs[0], dbs[0], deltas[0][:0], np.bool_(False))
 
 
 # ---------------------------------------------------------------------------------------

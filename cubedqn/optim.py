@@ -144,8 +144,8 @@ def clipped_step(kind, clip, max_norm, params, grads, m, v, slices, lr, mu, b1, 
         for l in range(slices.shape[0]):
             lo, hi = slices[l, 0], slices[l, 1]
             # (m and v are empty where the kind keeps no such state: their slices stay empty)
-            total += clipped_slice(kind, True, max_norm, params[lo:hi], grads[lo:hi], m[lo:hi], v[lo:hi], lr, mu,
-                                   b1, b2, eps, bc1, bc2, wd)
+            total += clipped_slice(kind, np.bool_(True), max_norm, params[lo:hi], grads[lo:hi], m[lo:hi], v[lo:hi],
+                                   lr, mu, b1, b2, eps, bc1, bc2, wd)
         return np.sqrt(total)
     norm = np.sqrt(sq_norm(grads))
     scale = clip_factor(norm, max_norm) if clip == 0 else 1.0

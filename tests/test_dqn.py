@@ -739,3 +739,40 @@ def test_training_with_blas_thread_switches_equals_one_thread_bitwise():
     assert {1, 2} <= set(used) and tuned.blas_tuner.probes >= 3
     assert tuned.learner.updates == one.learner.updates == 60
     same(tuned.learner.online.params, one.learner.online.params)
+
+
+NO_LITERALS_RUN = """
+import importlib, pkgutil
+import cubedqn
+from numba.core.registry import CPUDispatcher
+from cubedqn.config import Config
+from cubedqn.dqn import Trainer
+tiny = dict(hidden=(32,), n_envs=16, batch_size=64, learning_starts=64, buffer_size=500, steps=3, log_interval=3,
+            eval_interval=3, curriculum_eval_n=8)
+for extra in (dict(targets="double", canonical_input=False, input_symmetry=1, optimizer="momentum"),
+              dict(targets="all-actions", optimizer="adam", clip="layer")):
+    Trainer(Config(puzzle="cube2", **tiny, **extra)).run()
+found = []
+for m in pkgutil.walk_packages(cubedqn.__path__, "cubedqn."):
+    if ".cuda" not in m.name:
+        for name, obj in vars(importlib.import_module(m.name)).items():
+            if isinstance(obj, CPUDispatcher) and obj.__module__ == m.name:
+                found += [f"{m.name}.{name}{sig}" for sig in obj.signatures if "Literal" in str(sig)]
+print("\\n".join(found) or "none")
+"""
+
+
+def test_no_kernel_is_compiled_for_a_literal_argument(tmp_path):
+    """numba compiles an njit function once per literal value a kernel calls it with
+    (stamp(stamps, 0) .. stamp(stamps, 9): ten compiles, seconds of a cold start), so
+    constants go in as np.int64 / np.bool_. A fresh cache, so that every callee compiles
+    in this process and shows its signatures: a fused (double) and a per-part
+    (all-actions, per-layer clipping) training run."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", NO_LITERALS_RUN], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "none", res.stdout
