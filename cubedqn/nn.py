@@ -463,7 +463,7 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
                 alone = alone and idx[0, k2] != r
             if not alone:
                 f = 0
-                _rows_by_w1_row(idx, n_in, order, starts, cursor)
+                _rows_by_w1_row(idx[:, 0:], n_in, order, starts, cursor)  # the type above: one compile
                 break
         done = panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4,
                                      order.ctypes, starts.ctypes, n, hp, db.ctypes, panel.ctypes, n_in,
