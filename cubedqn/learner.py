@@ -161,7 +161,8 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     n = states.shape[0]
     # Constant arguments go in as np.int64 / np.bool_: numba compiles a callee once per
     # literal value it is called with (stamp(stamps, 0) .. stamp(stamps, 9) were ten
-    # compiles; about 3 s of a cold cube3 start with the other such calls)
+    # compiles; 16 of a cold cube3 command's 96 with the other such calls, stop 28 in
+    # docs/performance-log.md; tests/test_dqn.py checks that none is left)
     stamp(stamps, np.int64(0))
     copy_rows(b_states, states, np.int64(0))  # contiguous copies: the batch's fields are views of its records
     copy_rows(b_next, nxt, np.int64(0))

@@ -176,7 +176,8 @@ class Workspace:
         # and chunked policies rely on that, bitwise).
         # Where no workspace of this layout could have one (the slot pairs' W1, dense inputs,
         # float64, panels off), the scratch is None: the kernels are then compiled for that
-        # type, without the panel code (about 3 s of a cold start).
+        # type, without the panel code (5.3-5.7 s -> 2.0-2.4 s of the cube2 presets' cold
+        # start for the first layer's forward, docs/performance-log.md, stop 28).
         possible = (PANELS and not dense_input and np.dtype(dtype) == np.float32 and layout.in_dim <= PANEL_MAX_IN
                     and layout.widths[1] % panels.PANEL == 0)
         panel = possible and rows * layout.n_active >= 8 * layout.in_dim
