@@ -197,9 +197,10 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
         write_config(run_dir, cfg)  # the steps and minutes it now runs to
         try:
             dropped = rewind_metrics(run_dir / "metrics.jsonl", trainer.grad_steps)
-        except (CheckpointError, OSError) as e:
-            raise UserError(str(e) if isinstance(e, CheckpointError) else
-                            f"cannot rewrite {run_dir / 'metrics.jsonl'}: {e.strerror or e}") from None
+        except CheckpointError as e:
+            raise UserError(str(e)) from None
+        except OSError as e:
+            raise UserError(f"cannot rewrite {run_dir / 'metrics.jsonl'}: {e.strerror or e}") from None
         if dropped:
             click.echo(f"metrics.jsonl: dropped {dropped} record(s) logged after the checkpoint (those steps run again)")
 
