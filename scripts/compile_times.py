@@ -63,14 +63,17 @@ def main():
     event.register("numba:compile", Recorder())
     t0 = time.perf_counter()
     from cubedqn.cli import main as cli
+    status = 0
     try:
         cli(command, standalone_mode=False)
-    except SystemExit:
-        pass
+    except SystemExit as e:  # the CLI always exits; its one-line error is printed already
+        status = e.code if isinstance(e.code, int) else int(e.code is not None)
     total = time.perf_counter() - t0
     where = "a fresh cache, removed now" if fresh else f"NUMBA_CACHE_DIR={args.cache_dir}"
     if fresh:
         shutil.rmtree(fresh, ignore_errors=True)
+    if status:  # a command that failed compiled what it got to: no table, its exit status
+        sys.exit(status)
     print(f"`cubedqn {' '.join(command)}`: {total:.1f} s in all ({where})")
     print(f"numba compiling: {sum(top_level):.1f} s in {len(top_level)} top-level compiles, "
           f"{sum(r[0] for r in records.values())} compiles in all")
