@@ -4,8 +4,10 @@ eager and JAX jit, at the same shapes, one thread, alternating repetitions.
 
 The step: online forward on s, online forward on s' (argmax), target forward on s',
 Huber loss on the taken actions, backward, global-norm clipping (max 10), momentum
-update (0.9). cubedqn uses its sparse first layer (sticker indices); the peers get the
-dense one-hot float input they would use. A "cubedqn dense" row runs the engine with the
+update (0.9); with --optimizer adam, an Adam update (betas 0.9, 0.999, eps 1e-8, bias
+corrected) instead, the update `cubedqn profile` and `train` run by default (the issue's
+profile commands time that step). cubedqn uses its sparse first layer (sticker
+indices); the peers get the dense one-hot float input they would use. A "cubedqn dense" row runs the engine with the
 dense first layer too, and "cubedqn per-part" without the fused step (one kernel call per
 part instead of one for the whole step, as CUBEDQN_FUSED=0 does). Prints medians, ratios
 to cubedqn, and the BLAS kernel in use.
@@ -52,6 +54,8 @@ from cubedqn.rng import make_rng  # noqa: E402
 
 SHAPES = {"cube2": ("cube2", (256, 256), 64), "cube3": ("cube3", (1024, 512), 256)}
 GAMMA, LR, MU, CLIP = 0.99, 1e-3, 0.9, 10.0
+B1, B2, EPS = 0.9, 0.999, 1e-8  # Adam's (cubedqn's, PyTorch's and optax's defaults)
+OPTIMIZERS = ("momentum", "adam")
 
 
 def make_data(puzzle, batch, seed=0):
@@ -71,6 +75,19 @@ def make_data(puzzle, batch, seed=0):
     return b
 
 
+def start_params(layout):
+    """The flat float32 parameters every implementation starts from (layers' W (in, out)
+    then b, in the layout's order), so that their steps can be compared value for value
+    (tests/test_bench_peers.py); the timings do not depend on the values."""
+    return init_params(layout, np.random.default_rng(0))
+
+
+def flat_of(pairs):
+    """[(W, b)] per layer, W (in, out), as one flat float32 array in the layout's order."""
+    return np.concatenate([np.concatenate([np.asarray(w, np.float32).ravel(), np.asarray(b, np.float32).ravel()])
+                           for w, b in pairs])
+
+
 def onehot(states):
     n, s = states.shape
     x = np.zeros((n, s * 6), np.float32)
@@ -79,12 +96,15 @@ def onehot(states):
 
 
 # ---------------------------------------------------------------------------------------
-def cubedqn_step(layout, puzzle, batch, sparse=True, fused=None, matmul_precision="float32"):
+def cubedqn_step(layout, puzzle, batch, sparse=True, fused=None, matmul_precision="float32", optimizer="momentum"):
     moves = np.ascontiguousarray(puzzle.moves[:12])
     enc = Encoder(puzzle, 12, canonical=False, sparse=sparse)
-    lr = Learner(layout, moves, len(batch.actions), enc, targets="double", gamma=GAMMA, optimizer="momentum",
-                 lr=LR, momentum=MU, max_grad_norm=CLIP, sparse=sparse, target_update_interval=10 ** 9,
+    lr = Learner(layout, moves, len(batch.actions), enc, targets="double", gamma=GAMMA, optimizer=optimizer,
+                 lr=LR, momentum=MU, betas=(B1, B2), eps=EPS, max_grad_norm=CLIP, sparse=sparse,
+                 target_update_interval=10 ** 9,
                  fused=fused)
+    lr.online.params[:] = start_params(layout)
+    lr.target.params[:] = lr.online.params
     if matmul_precision == "float32":
         step = lambda: lr.train_step(batch)  # noqa: E731
     else:  # the switch around each step (two native calls, ~1 us): the other rows run float32
@@ -94,14 +114,17 @@ def cubedqn_step(layout, puzzle, batch, sparse=True, fused=None, matmul_precisio
             with matmul_precision_as(matmul_precision):
                 lr.train_step(batch)
     step.learner = lr
+    step.params = lambda: lr.online.params.copy()
     return step
 
 
-def numpy_step(layout, puzzle, batch):
+def numpy_step(layout, puzzle, batch, optimizer="momentum"):
     """The straightforward numpy version: dense one-hot input, no fusion, fresh arrays."""
-    p = init_params(layout, np.random.default_rng(0))
+    p = start_params(layout)
     tgt = p.copy()
     buf = np.zeros_like(p)
+    sq = np.zeros_like(p)  # Adam's second moment
+    t = [0]
     x, xn = onehot(batch.states), onehot(batch.next_states)
     a, r, d = batch.actions.astype(np.int64), batch.rewards.astype(np.float32), batch.dones.astype(np.float32)
     n = len(a)
@@ -136,13 +159,20 @@ def numpy_step(layout, puzzle, batch):
         norm = np.sqrt((g * g).sum())
         if norm > CLIP:
             g *= CLIP / norm
-        buf[:] = MU * buf + g
-        p[:] = p - LR * buf
+        if optimizer == "adam":
+            t[0] += 1
+            buf[:] = B1 * buf + (1 - B1) * g
+            sq[:] = B2 * sq + (1 - B2) * g * g
+            p[:] = p - LR / (1 - B1 ** t[0]) * buf / (np.sqrt(sq / (1 - B2 ** t[0])) + EPS)
+        else:
+            buf[:] = MU * buf + g
+            p[:] = p - LR * buf
 
+    step.params = lambda: p.copy()
     return step
 
 
-def torch_step(layout, puzzle, batch, device="cpu", bf16=False):
+def torch_step(layout, puzzle, batch, device="cpu", bf16=False, optimizer="momentum"):
     """bf16: the step's forward passes under torch.autocast(bfloat16) (Linear layers on
     bf16 operands), PyTorch's CPU mixed precision; the weights and optimizer stay float32."""
     import torch
@@ -159,8 +189,14 @@ def torch_step(layout, puzzle, batch, device="cpu", bf16=False):
         return torch.nn.Sequential(*mods)
 
     online, target = mlp().to(dev), mlp().to(dev)
+    with torch.no_grad():
+        Ws, bs = views(start_params(layout), layout)
+        for lin, W, b in zip(online[::2], Ws, bs):
+            lin.weight.copy_(torch.tensor(W.T))  # Linear keeps W as (out, in)
+            lin.bias.copy_(torch.tensor(b))
     target.load_state_dict(online.state_dict())
-    opt = torch.optim.SGD(online.parameters(), lr=LR, momentum=MU)
+    opt = (torch.optim.Adam(online.parameters(), lr=LR, betas=(B1, B2), eps=EPS) if optimizer == "adam"
+           else torch.optim.SGD(online.parameters(), lr=LR, momentum=MU))
     x, xn = (torch.tensor(onehot(s), device=dev) for s in (batch.states, batch.next_states))
     a = torch.tensor(batch.actions.astype(np.int64), device=dev)
     r, d = (torch.tensor(v.astype(np.float32), device=dev) for v in (batch.rewards, batch.dones))
@@ -179,17 +215,17 @@ def torch_step(layout, puzzle, batch, device="cpu", bf16=False):
         opt.step()
         sync()  # a GPU step is timed to its end, as cubedqn's (which reads its loss back)
 
+    step.params = lambda: flat_of([(lin.weight.detach().cpu().numpy().T, lin.bias.detach().cpu().numpy())
+                                   for lin in online[::2]])
     return step
 
 
-def jax_step(layout, puzzle, batch, bf16=False):
+def jax_step(layout, puzzle, batch, bf16=False, optimizer="momentum"):
     """bf16: each layer's product on bf16 operands with float32 results
     (preferred_element_type), the same arithmetic as cubedqn's bfloat16 matmuls."""
     import jax
     import jax.numpy as jnp
-    rng = np.random.default_rng(0)
-    flat = init_params(layout, rng)
-    Ws, bs = views(flat, layout)
+    Ws, bs = views(start_params(layout), layout)
     params = [(jnp.asarray(W), jnp.asarray(b)) for W, b in zip(Ws, bs)]
     target = [(w + 0, b + 0) for w, b in params]
     mom = [(jnp.zeros_like(w), jnp.zeros_like(b)) for w, b in params]
@@ -218,21 +254,43 @@ def jax_step(layout, puzzle, batch, bf16=False):
         ad = jnp.abs(delta)
         return jnp.mean(jnp.where(ad <= 1, 0.5 * delta * delta, ad - 0.5))
 
-    @jax.jit
-    def step_fn(ps, tgt, m):
+    def clipped_grads(ps, tgt):
         g = jax.grad(loss_fn)(ps, tgt)
         norm = jnp.sqrt(sum(jnp.sum(gw * gw) + jnp.sum(gb * gb) for gw, gb in g))
-        scale = jnp.minimum(1.0, CLIP / (norm + 1e-6))
+        return g, jnp.minimum(1.0, CLIP / (norm + 1e-6))
+
+    @jax.jit
+    def momentum_fn(ps, tgt, m):
+        g, scale = clipped_grads(ps, tgt)
         m = [(MU * mw + scale * gw, MU * mb + scale * gb) for (mw, mb), (gw, gb) in zip(m, g)]
         ps = [(w - LR * mw, b - LR * mb) for (w, b), (mw, mb) in zip(ps, m)]
         return ps, m
 
+    @jax.jit
+    def adam_fn(ps, tgt, m, v, t):  # as optax.adam: bias-corrected moments, eps outside the root
+        g, scale = clipped_grads(ps, tgt)
+        t = t + 1
+        tree = jax.tree_util.tree_map
+        g = tree(lambda x: scale * x, g)
+        m = tree(lambda mi, gi: B1 * mi + (1 - B1) * gi, m, g)
+        v = tree(lambda vi, gi: B2 * vi + (1 - B2) * gi * gi, v, g)
+        c1, c2 = 1 - B1 ** t, 1 - B2 ** t
+        ps = tree(lambda w, mi, vi: w - LR * (mi / c1) / (jnp.sqrt(vi / c2) + EPS), ps, m, v)
+        return ps, m, v, t
+
     state = {"p": params, "m": mom}
+    if optimizer == "adam":  # (the momentum step carries no second moment through the call)
+        state.update(v=[(jnp.zeros_like(w), jnp.zeros_like(b)) for w, b in params], t=jnp.zeros((), jnp.float32))
 
     def step():
-        state["p"], state["m"] = step_fn(state["p"], target, state["m"])
+        if optimizer == "adam":
+            state["p"], state["m"], state["v"], state["t"] = adam_fn(state["p"], target, state["m"], state["v"],
+                                                                     state["t"])
+        else:
+            state["p"], state["m"] = momentum_fn(state["p"], target, state["m"])
         jax.block_until_ready(state["p"])
 
+    step.params = lambda: flat_of(state["p"])
     return step
 
 
@@ -355,6 +413,9 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--inner", type=int, default=20)
     ap.add_argument("--peers", default="numpy,torch,jax")
+    ap.add_argument("--optimizer", choices=OPTIMIZERS, default="momentum",
+                    help="the update every implementation applies: momentum (the performance issue's peer step) "
+                         "or adam (what `cubedqn profile` runs unless told otherwise)")
     ap.add_argument("--bf16", action="store_true",
                     help="also time cubedqn with matmul_precision bfloat16 (CPUs with AVX512_BF16) and the peers' "
                          "bf16 mixed precision (PyTorch autocast, JAX bf16 operands with float32 results)")
@@ -376,14 +437,16 @@ def main():
         puzzle = get_puzzle(pname)
         layout = Layout(puzzle.n_stickers * 6, puzzle.n_stickers, hidden, 12)
         batch = make_data(puzzle, bsz)
-        impls = {"cubedqn": cubedqn_step(layout, puzzle, batch),
-                 "cubedqn per-part": cubedqn_step(layout, puzzle, batch, fused=False),
-                 "cubedqn dense": cubedqn_step(layout, puzzle, batch, sparse=False)}
+        opt = args.optimizer
+        impls = {"cubedqn": cubedqn_step(layout, puzzle, batch, optimizer=opt),
+                 "cubedqn per-part": cubedqn_step(layout, puzzle, batch, fused=False, optimizer=opt),
+                 "cubedqn dense": cubedqn_step(layout, puzzle, batch, sparse=False, optimizer=opt)}
         skipped = []
         for peer in args.peers.split(","):
             try:
                 impls[{"numpy": "numpy", "torch": "pytorch eager", "jax": "jax jit"}[peer]] = \
-                    {"numpy": numpy_step, "torch": torch_step, "jax": jax_step}[peer](layout, puzzle, batch)
+                    {"numpy": numpy_step, "torch": torch_step, "jax": jax_step}[peer](layout, puzzle, batch,
+                                                                                     optimizer=opt)
             except ImportError:
                 skipped.append(peer)
         if args.bf16:
@@ -391,16 +454,16 @@ def main():
             if bf16_problem():
                 print(f"--bf16: cubedqn's bfloat16 matmuls {bf16_problem()}; bf16 rows skipped")
             else:
-                impls["cubedqn bf16"] = cubedqn_step(layout, puzzle, batch, matmul_precision="bfloat16")
+                impls["cubedqn bf16"] = cubedqn_step(layout, puzzle, batch, matmul_precision="bfloat16", optimizer=opt)
                 for peer, name, make in (("torch", "pytorch bf16", torch_step), ("jax", "jax bf16", jax_step)):
                     if peer in args.peers.split(",") and peer not in skipped:
-                        impls[name] = make(layout, puzzle, batch, bf16=True)
+                        impls[name] = make(layout, puzzle, batch, bf16=True, optimizer=opt)
         inner = max(1, args.inner // (4 if shape == "cube3" else 1))
         med = bench(impls, args.reps, inner)
         flops = 3 * layout.flops_forward(bsz, sparse=False) + layout.flops_backward(bsz, sparse=False)
         from cubedqn.profiling import first_layer_kernel
         lr = impls["cubedqn"].learner
-        print(f"\n{layout.describe()}  batch {bsz}  (Double DQN, Huber, clipped momentum; medians of "
+        print(f"\n{layout.describe()}  batch {bsz}  (Double DQN, Huber, clipped {opt}; medians of "
               f"{args.reps} x {inner} steps, 1 thread; cubedqn's first layer: "
               f"{first_layer_kernel(lr.online, lr.ws)})")
         print_table(med, "cubedqn", flops)

@@ -12,6 +12,8 @@ PY=${PYTHON:-python}
 # --bf16: also the opt-in bfloat16 matmuls and the peers' bf16 (rows skipped, with the
 # reason, where the CPU has no AVX512_BF16)
 run $PY scripts/bench_peers.py --bf16 | tee "$out/peers.txt"
+# the same comparison with Adam, the update the issue's profile commands below run
+run $PY scripts/bench_peers.py --optimizer adam | tee "$out/peers-adam.txt"
 run $PY scripts/bench_replay.py | tee "$out/replay.txt"
 for t in 1 2; do
   # the issue's commands verbatim (with --puzzle and no --profile: plain sticker inputs, Adam,
