@@ -141,13 +141,16 @@ def layer_slices(layout):
 
 @pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam", "adamw"])
 @pytest.mark.parametrize("clip", ["none", "global", "layer"])
-def test_fused_optimizers_match_reference_over_10_steps(kind, clip):
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_fused_optimizers_match_reference_over_10_steps(kind, clip, wd):
+    """(Adam's three loops: clip "none" without an L2 term takes the plain one, AdamW's
+    decay its second form; clipping that bites, or Adam's L2 term, the scaled one.)"""
     layout = Layout(in_dim=S * 6, n_active=S, hidden=(7, 5), n_actions=4)
     rng = np.random.default_rng(0)
     p = rng.normal(0, 1, layout.size)
     p_ref = p.copy()
     slices = layer_slices(layout)
-    kw = dict(lr=0.01, momentum=0.9, weight_decay=0.01, max_grad_norm=2.0)
+    kw = dict(lr=0.01, momentum=0.9, weight_decay=wd, max_grad_norm=2.0)
     opt = Optimizer(kind, layout.size, np.float64, slices, clip=clip, **kw)
     opt_ref = ref.ReferenceOptimizer(kind, layout.size, slices, clip=clip, **kw)
     for _ in range(10):
@@ -155,6 +158,33 @@ def test_fused_optimizers_match_reference_over_10_steps(kind, clip):
         opt.step(p, g)
         opt_ref.step(p_ref, g)
     np.testing.assert_allclose(p, p_ref, rtol=1e-10, atol=1e-12)
+    if kind in ("adam", "adamw"):
+        np.testing.assert_allclose(opt.m, opt_ref.m, rtol=1e-10, atol=1e-15)
+        np.testing.assert_allclose(opt.v, opt_ref.v, rtol=1e-10, atol=1e-15)
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_float32_adam_matches_reference(kind, max_grad_norm, wd):
+    """The float32 loops (vectorised, fastmath) against the float64 reference, every path;
+    the gradients are mixed in size so that the moments' flush of values below 1e-30
+    stays out of it."""
+    n = 1003  # not a multiple of any vector width: the loops' tails run too
+    rng = np.random.default_rng(5)
+    p0 = rng.normal(0, 1, n).astype(np.float32)
+    p, p_ref = p0.copy(), p0.astype(np.float64)
+    kw = dict(lr=0.01, weight_decay=wd, max_grad_norm=max_grad_norm)
+    opt = Optimizer(kind, n, np.float32, [(0, n)], **kw)
+    opt_ref = ref.ReferenceOptimizer(kind, n, [(0, n)], **kw)
+    for _ in range(6):
+        g = (rng.normal(0, 1, n) * np.exp(rng.uniform(-5, 0, n))).astype(np.float32)
+        opt.step(p, g)
+        opt_ref.step(p_ref, g.astype(np.float64))
+    assert np.abs(p_ref - p0).max() > 0.03  # six steps of about lr each
+    assert max_grad_norm == 0 or opt.last_norm > max_grad_norm  # the clipped case does clip
+    np.testing.assert_allclose(p, p_ref, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(opt.v, opt_ref.v, rtol=2e-5, atol=1e-12)
 
 
 def test_sq_norm_matches_numpy():
@@ -261,6 +291,33 @@ def test_row_sparse_update_is_lazy_version_of_dense(kind):
     with pytest.raises(ValueError, match="layer"):
         Optimizer("sgd", layout.size, np.float64, layer_slices(layout), clip="layer").step_rows(
             p, compact, rows.astype(np.int64), len(rows), width, g[dense_from:])
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
+def test_lazy_adam_rows_get_the_dense_update(kind, max_grad_norm):
+    """With the same rows touched every step, the lazy update's touched rows (and the
+    dense tail) take exactly the dense float32 update's values, moments included, through
+    each of Adam's loops (max_grad_norm 0: scale 1, the plain loop; 1.0: clipped)."""
+    layout = Layout(in_dim=40, n_active=3, hidden=(37,), n_actions=4)  # rows of 37: vector tails
+    rng = np.random.default_rng(2)
+    width, dense_from = 37, 40 * 37
+    p = rng.normal(size=layout.size).astype(np.float32)
+    p_dense = p.copy()
+    kw = dict(lr=0.05, weight_decay=0.01 if kind == "adamw" else 0.0, max_grad_norm=max_grad_norm)
+    opt = Optimizer(kind, layout.size, np.float32, layer_slices(layout), **kw)
+    opt_dense = Optimizer(kind, layout.size, np.float32, layer_slices(layout), **kw)
+    rows = np.array([1, 7, 8, 30], np.int64)
+    mine = np.concatenate([np.arange(r * width, (r + 1) * width) for r in rows] + [np.arange(dense_from, layout.size)])
+    for _ in range(4):
+        g = np.zeros(layout.size, np.float32)
+        g[mine] = rng.normal(0, 2, len(mine))
+        compact = np.concatenate([g[r * width:(r + 1) * width] for r in rows])
+        opt.step_rows(p, compact, rows, len(rows), width, g[dense_from:])
+        opt_dense.step(p_dense, g)
+    assert max_grad_norm == 0 or opt.last_norm > max_grad_norm
+    for mine_arr, dense_arr in ((p, p_dense), (opt.m, opt_dense.m), (opt.v, opt_dense.v)):
+        np.testing.assert_allclose(mine_arr[mine], dense_arr[mine], rtol=2e-6, atol=1e-9)
 
 
 def test_views_of_a_buffer_that_starts_at_the_first_bias():
