@@ -249,8 +249,13 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     t0 = time.perf_counter()
     trainer.run(max_steps=warmup + steps)
     wall = time.perf_counter() - t0
+    kept = trainer.blas_tuner.current if trainer.blas_tuner is not None else cfg.threads
+    peak_kept = None
     if trainer.blas_tuner is not None:  # the peak and the BLAS info at the thread count asked for
         from .threads import set_blas_threads
+        if kept != cfg.threads:  # and the peak at the count the loop ran with at the end
+            set_blas_threads(kept)
+            peak_kept = peak_gflops(dtype)
         set_blas_threads(cfg.threads)
     # measured before and after the timed steps: on a shared host one reading can land in a
     # slow second; the higher one is the machine's rate (the one the percentages are against)
@@ -280,6 +285,9 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         "phases": phases,
         "flops_per_step": fwd + bwd, "gflops": (fwd + bwd) / gemm_s / 1e9 if gemm_s > 0 else None,
         "peak_gflops": peak, "fma_ceiling_gflops": ceiling,
+        # the sgemm peak at the BLAS thread count in use at the end (blas_threads), which the
+        # tuner may have set below `threads`: the GEMM layers ran on that many threads
+        "peak_gflops_blas_threads": peak if peak_kept is None else peak_kept,
         # bfloat16: the GEMM layers' products ran on bf16-rounded operands (tile_bf16.py), whose
         # ceiling (bf16 dot products in registers) is this
         "matmul_precision": cfg.matmul_precision, "bf16_ceiling_gflops": bf16_ceiling,
@@ -337,8 +345,14 @@ def format_report(r: dict) -> str:
             ceiling = (f", {100 * r['gemm_layers_gflops'] / (cores * r['fma_ceiling_gflops']):.0f}% of the "
                        f"{cores * r['fma_ceiling_gflops']:.1f} GFLOP/s FMA ceiling"
                        f"{f' of {cores} cores' if cores > 1 else ''}")
+        kept = r.get("blas_threads")
+        at_kept = ""
+        if r.get("peak_gflops_blas_threads") and kept != r.get("threads"):
+            at_kept = (f"; {100 * r['gemm_layers_gflops'] / r['peak_gflops_blas_threads']:.0f}% of the "
+                       f"{r['peak_gflops_blas_threads']:.1f} GFLOP/s peak of the {kept} BLAS thread(s) the run "
+                       f"ended with")
         lines.append(f"GEMM layers alone: {r['gemm_layers_gflops']:.1f} GFLOP/s "
-                     f"({100 * r['gemm_layers_gflops'] / r['peak_gflops']:.0f}% of peak{ceiling}) in "
+                     f"({100 * r['gemm_layers_gflops'] / r['peak_gflops']:.0f}% of peak{ceiling}{at_kept}) in "
                      f"{r['gemm_layers_ms']:.4f} ms/step")
         if r.get("matmul_precision") == "float32" and r.get("bf16_available"):
             lines.append("  this CPU has AVX512_BF16: --matmul-precision bfloat16 runs these GEMMs on bf16-rounded "

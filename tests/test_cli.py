@@ -374,6 +374,34 @@ def test_profile_reports_the_blas_thread_tuning(monkeypatch):
     assert off["blas_threads"] == 2 and off["blas_probe"] is None
 
 
+def test_profile_reads_the_peak_at_the_blas_thread_count_it_ended_with(monkeypatch):
+    """A --threads 2 run whose tuner kept one BLAS thread (here: one that never keeps two)
+    also reads the sgemm peak on one thread, and reports it beside the two-thread peak:
+    its GEMM layers ran on one thread."""
+    import cubedqn.dqn as dqn
+    import cubedqn.profiling as profiling
+    from cubedqn.threads import BlasThreadTuner
+    from threadpoolctl import threadpool_info
+    monkeypatch.setattr(dqn, "BlasThreadTuner", lambda threads: BlasThreadTuner(threads, block_seconds=0.0, margin=1.0))
+    counts, peak = [], profiling.peak_gflops
+
+    def peak_noting_threads(*a, **k):
+        counts.append(max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"))
+        return peak(*a, **k)
+
+    monkeypatch.setattr(profiling, "peak_gflops", peak_noting_threads)
+    args = ["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--warmup", "0",
+            "--threads", "2", "--steps", "300"]
+    d = json.loads(run(args + ["--json"]).output)
+    assert d["blas_threads"] == 1 and d["threads"] == 2
+    assert counts == [2, 1, 2]  # before the run, then at the count kept, then at the count asked for
+    assert d["peak_gflops_blas_threads"] > 0 and d["blas"]["threads"] == 2
+    text = run(args).output
+    assert "peak of the 1 BLAS thread(s) the run ended with" in text
+    one = json.loads(run(args[:-4] + ["--threads", "1", "--steps", "50", "--json"]).output)
+    assert one["peak_gflops_blas_threads"] == one["peak_gflops"]  # one thread: the same reading
+
+
 def test_profile_names_the_first_layer_kernel():
     from cubedqn.nn import MLP, Layout
     from cubedqn.profiling import first_layer_kernel
