@@ -422,6 +422,8 @@ def main():
     args = ap.parse_args()
     if set(args.shapes.split(",")) - set(SHAPES):
         ap.error(f"--shapes: expected a comma-separated list of {', '.join(SHAPES)}, got {args.shapes!r}")
+    if set(args.peers.split(",")) - {"numpy", "torch", "jax"}:
+        ap.error(f"--peers: expected a comma-separated list of numpy, torch, jax, got {args.peers!r}")
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
         # One CPU for everything: a library that ignores its thread settings cannot use more.
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
