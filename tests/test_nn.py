@@ -143,8 +143,8 @@ def layer_slices(layout):
 @pytest.mark.parametrize("clip", ["none", "global", "layer"])
 @pytest.mark.parametrize("wd", [0.0, 0.01])
 def test_fused_optimizers_match_reference_over_10_steps(kind, clip, wd):
-    """(Adam's three loops: clip "none" without an L2 term takes the plain one, AdamW's
-    decay its second form; clipping that bites, or Adam's L2 term, the scaled one.)"""
+    """(Adam's two loops: clip "none" with no L2 term, AdamW's decay included, takes the
+    plain one; clipping that bites, or Adam's L2 term, the scaled one.)"""
     layout = Layout(in_dim=S * 6, n_active=S, hidden=(7, 5), n_actions=4)
     rng = np.random.default_rng(0)
     p = rng.normal(0, 1, layout.size)
@@ -297,8 +297,9 @@ def test_row_sparse_update_is_lazy_version_of_dense(kind):
 @pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
 def test_lazy_adam_rows_get_the_dense_update(kind, max_grad_norm):
     """With the same rows touched every step, the lazy update's touched rows (and the
-    dense tail) take exactly the dense float32 update's values, moments included, through
-    each of Adam's loops (max_grad_norm 0: scale 1, the plain loop; 1.0: clipped)."""
+    dense tail) take the dense float32 update's values, moments included (to rounding: the
+    two sum the gradient's norm in different orders), through each of Adam's loops
+    (max_grad_norm 0: scale 1, the plain loop; 1.0: clipped, the scaled one)."""
     layout = Layout(in_dim=40, n_active=3, hidden=(37,), n_actions=4)  # rows of 37: vector tails
     rng = np.random.default_rng(2)
     width, dense_from = 37, 40 * 37
