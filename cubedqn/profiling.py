@@ -304,7 +304,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         "cuda_launch": learner.launch_mode if device == "cuda" else None,
         # threads > 1: the BLAS thread count the tuner kept at the end, and its last probe's
         # loop seconds per gradient step at each count (threads.BlasThreadTuner)
-        "blas_threads": trainer.blas_tuner.current if trainer.blas_tuner is not None else cfg.threads,
+        "blas_threads": kept,
         "blas_probe": ({str(k): v for k, v in trainer.blas_tuner.last_probe.items()}
                        if trainer.blas_tuner is not None and trainer.blas_tuner.last_probe else None),
     }
