@@ -89,22 +89,29 @@ def adam_constants(m, lr, b1, b2, eps, bc1, bc2, scale, wd, decoupled):
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
-def adam_plain(p, g, m, v, b1, b2, c1, c2, step, eps_b, keep):
-    """The Adam loop of a step with scale 1 and no L2 term (keep: AdamW's decay, else 1;
-    a second loop without that multiply would save 4% of this one's time and cost compile
-    time in every kernel that holds it)."""
+def adam_moments(m, v, i, gi, b1, b2, c1, c2):
+    """Both Adam loops' moment update of element i from its gradient gi; returns the new
+    (m, v). Moments below 1e-30 are flushed to zero: they would decay into subnormals."""
     # every constant in the buffer's dtype: a float64 one would turn the float32 loop into
     # mixed-precision arithmetic and halve its vector width
     tiny = m.dtype.type(1e-30)
     zero = m.dtype.type(0)
+    mi = b1 * m[i] + c1 * gi
+    vi = b2 * v[i] + c2 * (gi * gi)
+    mi = zero if abs(mi) < tiny else mi
+    vi = zero if vi < tiny else vi
+    m[i] = mi
+    v[i] = vi
+    return mi, vi
+
+
+@njit(cache=True, fastmath=True, error_model="numpy")
+def adam_plain(p, g, m, v, b1, b2, c1, c2, step, eps_b, keep):
+    """The Adam loop of a step with scale 1 and no L2 term (keep: AdamW's decay, else 1;
+    a second loop without that multiply would save 4% of this one's time and cost compile
+    time in every kernel that holds it)."""
     for i in range(p.shape[0]):
-        gi = g[i]
-        mi = b1 * m[i] + c1 * gi
-        vi = b2 * v[i] + c2 * (gi * gi)
-        mi = zero if abs(mi) < tiny else mi  # moments this small would decay into subnormals
-        vi = zero if vi < tiny else vi
-        m[i] = mi
-        v[i] = vi
+        mi, vi = adam_moments(m, v, i, g[i], b1, b2, c1, c2)
         p[i] = keep * p[i] - step * mi / (np.sqrt(vi) + eps_b)
 
 
@@ -112,20 +119,13 @@ def adam_plain(p, g, m, v, b1, b2, c1, c2, step, eps_b, keep):
 def adam_scaled(p, g, m, v, scale, b1, b2, c1, c2, step, eps_b, keep, wd, decoupled):
     """The Adam loop of any step: the gradient scaled, L2 decay added (decoupled=False) or
     the parameter decayed by `keep` first (AdamW)."""
-    tiny = m.dtype.type(1e-30)
-    zero = m.dtype.type(0)
     for i in range(p.shape[0]):
         gi = g[i] * scale
         if decoupled:
             p[i] *= keep
         else:
             gi += wd * p[i]
-        mi = b1 * m[i] + c1 * gi
-        vi = b2 * v[i] + c2 * (gi * gi)
-        mi = zero if abs(mi) < tiny else mi
-        vi = zero if vi < tiny else vi
-        m[i] = mi
-        v[i] = vi
+        mi, vi = adam_moments(m, v, i, gi, b1, b2, c1, c2)
         p[i] -= step * mi / (np.sqrt(vi) + eps_b)
 
 
