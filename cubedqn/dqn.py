@@ -69,12 +69,26 @@ def make_layout(cfg: Config, encoder: Encoder) -> Layout:
 
 
 def eval_states(puzzle, n_actions, depth, n, seed):
-    """A fixed evaluation batch at one scramble depth (independent of the training RNG)."""
-    from .cube import scramble_into
+    """A fixed evaluation batch at one scramble depth (independent of the training RNG).
+
+    A scramble that lands on a solved cube is drawn again (as the training envs do): depth
+    moves can undo themselves (R R2 R, or R L' on the 2x2x2, which only turns the whole
+    cube), 8% of the 2x2x2's depth-2 quarter-turn scrambles, and would count as solved
+    in zero moves. Depth 0 is the solved cube itself."""
+    from .cube import scramble_into, solved_batch
     rng = make_rng(seed * 1_000_003 + depth * 7919)
+    moves = np.ascontiguousarray(puzzle.moves)
     states = np.repeat(puzzle.solved[None], n, axis=0)
-    scramble_into(states, np.full(n, depth), np.ascontiguousarray(puzzle.moves), n_actions, rng, True,
-                  np.empty((n, 0), np.int8))
+    rows = np.arange(n)
+    while rows.size:
+        redo = np.repeat(puzzle.solved[None], rows.size, axis=0)
+        scramble_into(redo, np.full(rows.size, depth), moves, n_actions, rng, True, np.empty((rows.size, 0), np.int8))
+        states[rows] = redo
+        if depth == 0:
+            break
+        solved = np.empty(rows.size, np.bool_)
+        solved_batch(redo, solved)
+        rows = rows[solved]
     return states
 
 

@@ -546,6 +546,29 @@ def test_nan_stops_the_run_and_keeps_last_checkpoint(tmp_path):
     assert (tmp_path / "run" / "model.npz").read_bytes() == before
 
 
+@pytest.mark.parametrize("puzzle,n_actions,depth", [("cube2", 12, 2), ("cube2", 18, 3), ("cube2", 12, 4),
+                                                     ("cube3", 18, 3)])
+def test_eval_states_are_never_solved(puzzle, n_actions, depth):
+    """Depth moves can undo themselves (R L' turns a 2x2x2 whole; R R2 R): such draws are
+    drawn again, and the other rows are the plain scramble's, so the set is still fixed."""
+    from cubedqn.cube import scramble_into
+    from cubedqn.dqn import eval_states
+    p = get_puzzle(puzzle)
+    states = eval_states(p, n_actions, depth, 1000, 0)
+    solved = np.empty(1000, np.bool_)
+    solved_batch(states, solved)
+    assert not solved.any()
+    assert np.array_equal(states, eval_states(p, n_actions, depth, 1000, 0))
+    plain = np.repeat(p.solved[None], 1000, axis=0)
+    scramble_into(plain, np.full(1000, depth), np.ascontiguousarray(p.moves), n_actions,
+                  make_rng(0 * 1_000_003 + depth * 7919), True, np.empty((1000, 0), np.int8))
+    solved_batch(plain, solved)
+    assert solved.any()  # the case this guards against does occur at this depth
+    assert np.array_equal(states[~solved], plain[~solved])
+    zero = eval_states(p, n_actions, 0, 5, 0)
+    assert np.array_equal(zero, np.repeat(p.solved[None], 5, axis=0))
+
+
 def test_short_run_learns_shallow_scrambles():
     """Plumbing, not the learning goal: depth <= 3 on the 2x2x2 within a few seconds."""
     from cubedqn.dqn import eval_states
