@@ -107,6 +107,8 @@ HELP = {
     "lomo": "update each layer during backward (LOMO)",
     "sparse_update": "update only the first-layer rows of inputs present in the batch (lazy Adam/momentum)",
     "target_cache": "all-actions on cube2: reuse the target net's value of children seen since its last copy",
+    "child_cache": "all-actions on cube2 with pairs/cubies inputs: look the children's corner codes up by the "
+                   "parent's position instead of framing every child every step (the same steps)",
     "tune_blas_threads": "with --threads T > 1: at the start and every 30 s of training, time the loop with T BLAS "
                          "threads and with one; keep T only if they are 5% faster than one",
     "log_interval": "gradient steps between log lines",
@@ -233,6 +235,9 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     if trainer.learner.target_cache and trainer.learner.cache_lookups:
         click.echo(f"target cache: {100 * trainer.learner.target_cache_hit_rate:.1f}% of "
                    f"children's target values reused")
+    cc = trainer.learner.child_codes
+    if cc is not None and cc.lookups:
+        click.echo(f"child cache: {100 * cc.hit_rate:.1f}% of sampled states' children found by position")
     click.echo(f"checkpoint: {run_dir}")
     click.echo(f"evaluate with: cubedqn eval --checkpoint {run_dir}"
                + (" --random-states 1000" if cfg.puzzle == "cube2" else ""))

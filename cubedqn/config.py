@@ -84,6 +84,7 @@ class Config:
     lomo: bool = False
     sparse_update: bool = False           # lazy first-layer update: only rows of inputs in the batch
     target_cache: bool = True             # all-actions: reuse max Q_target of children seen since the last target copy
+    child_cache: bool = True              # all-actions on cube2 code inputs: children's codes by parent position
     # run control
     steps: int = 10_000                   # gradient steps
     minutes: float = 0.0                  # wall-clock limit (0: none); whichever comes first

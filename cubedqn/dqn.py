@@ -110,7 +110,7 @@ class Trainer:
             self.layout, self.moves, cfg.batch_size, self.encoder, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
             optimizer=cfg.optimizer, seed=cfg.seed, dtype=dtype, sparse=cfg.sparse_input,
             grad_accum=cfg.grad_accum, lomo=cfg.lomo, sparse_update=cfg.sparse_update,
-            target_cache=cfg.target_cache,
+            target_cache=cfg.target_cache, child_cache=cfg.child_cache,
             target_update_interval=cfg.target_update_interval,
             tau=cfg.tau, lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm, clip=cfg.clip, schedule=cfg.lr_schedule,
@@ -326,6 +326,8 @@ class Trainer:
         }
         if self.learner.target_cache:  # share of children's values reused so far in this process
             rec["target_cache_hit_rate"] = self.learner.target_cache_hit_rate
+        if self.learner.child_codes is not None:  # share of sampled states whose children's codes were in the table
+            rec["child_cache_hit_rate"] = self.learner.child_codes.hit_rate
         if not all_finite(self.learner.online.params):
             raise TrainingDiverged(f"parameters became NaN/Inf by gradient step {self.grad_steps}; "
                                    "try a lower learning_rate or max_grad_norm")

@@ -541,6 +541,16 @@ class Encoder:
                      self.corner_lookup, self.n_view, self.xcubie, self.rot_of, self.view_src, self.view_code,
                      self.k_src, self.k_code, self.n_rr, self.n_sym, self._base, self._where, self._y, codes, frame)
 
+    def encode_codes(self, codes, idx):
+        """Input rows idx (n, n_active) of states given by their corner codes (n, 8) in their
+        frames (pairs or cubies inputs: the codes are all these inputs need)."""
+        if self.inputs == "pairs":
+            encode_pairs_from_codes(codes, idx)
+        elif self.inputs == "cubies":
+            encode_cubies_from_codes(codes, idx)
+        else:
+            raise ValueError("sticker inputs are not made from corner codes")
+
     def position_keys(self, states):
         """(n, K) uint8 rows, equal exactly when two states are the same position up to the
         symmetries this encoder identifies (their inputs are then equal too): whole-cube
@@ -572,10 +582,8 @@ class Encoder:
             self._codes = np.zeros((n, 8), np.int64)
         codes = self._codes[:n]
         self.frames(states, rot, codes)
-        if self.inputs == "pairs":
-            encode_pairs_from_codes(codes, ws.idx[row0:row0 + n])
-        elif self.inputs == "cubies":
-            encode_cubies_from_codes(codes, ws.idx[row0:row0 + n])
+        if self.inputs != "stickers":
+            self.encode_codes(codes, ws.idx[row0:row0 + n])
         elif self.sparse:
             encode_index_framed(states, self.frame_perm, self.frame_cmap, rot, ws.idx[row0:row0 + n])
         else:

@@ -36,6 +36,7 @@ import numpy as np
 from numba import njit
 
 from . import clock
+from .children import ChildCodes, code_key, key_slot, take_rows
 from .clock import stamp
 from .cube import expand_children, solved_batch
 from .encoding import Encoder, actions_to_canonical, encode_rotated_or_plain, rows_to_canonical
@@ -228,19 +229,6 @@ def all_action_targets(child_max, child_solved, gamma, rep_of, out):
 # generation, so a target update invalidates all of them at once.
 
 @njit(cache=True, error_model="numpy")
-def _code_key(codes, i):
-    k = np.uint64(0)
-    for j in range(codes.shape[1]):
-        k = (k << np.uint64(5)) | np.uint64(codes[i, j])
-    return k
-
-
-@njit(cache=True, error_model="numpy")
-def _slot(key, mask):
-    return np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
-
-
-@njit(cache=True, error_model="numpy")
 def target_cache_lookup(codes, child_solved, table_key, table_gen, table_val, gen, values, missing):
     """values[i] = cached max Q_t of child i; lists the unsolved children not cached in
     missing[:n]. Returns (n, the number of unsolved children): solved ones need no value."""
@@ -251,8 +239,8 @@ def target_cache_lookup(codes, child_solved, table_key, table_gen, table_val, ge
             values[i] = 0.0
             continue
         n_unsolved += 1
-        key = _code_key(codes, i)
-        s = _slot(key, mask)
+        key = code_key(codes, i)
+        s = key_slot(key, mask)
         if table_gen[s] == gen and table_key[s] == key:
             values[i] = table_val[s]
         else:
@@ -280,8 +268,8 @@ def target_cache_store(row_maxes, codes, missing, n_miss, table_key, table_gen, 
         v = row_maxes[t]
         i = missing[t]
         values[i] = v
-        key = _code_key(codes, i)
-        s = _slot(key, mask)
+        key = code_key(codes, i)
+        s = key_slot(key, mask)
         table_key[s] = key
         table_gen[s] = gen
         table_val[s] = v
@@ -291,7 +279,7 @@ class Learner:
     def __init__(self, layout: Layout, moves: np.ndarray, batch_size: int, encoder: Encoder, targets="double",
                  gamma=0.99, loss="huber", optimizer="adam", seed=0, dtype=np.float32,
                  sparse=True, grad_accum=1, lomo=False, target_update_interval=1000, tau=1.0,
-                 sparse_update=False, target_cache=True, fused=None, **opt_kwargs):
+                 sparse_update=False, target_cache=True, child_cache=True, fused=None, **opt_kwargs):
         if targets not in TARGETS:
             raise ValueError(f"unknown targets '{targets}' (expected one of: {', '.join(TARGETS)})")
         if batch_size % grad_accum:
@@ -343,6 +331,11 @@ class Learner:
         self.generation = 0  # of the target network; bumped whenever its weights change
         self.child_values = np.zeros(target_rows if targets == "all-actions" else 0, self.dtype)  # max_a' Q_t
         self.child_missing = np.zeros(target_rows if self.target_cache else 0, np.int64)
+        # all-actions on code inputs: the children's codes from a table keyed by the parent's
+        # position (children.py) instead of framing every child every step
+        self.child_codes = ChildCodes(encoder, moves, micro) \
+            if child_cache and targets == "all-actions" and ChildCodes.applies(encoder) else None
+        self.missing_codes = np.zeros((target_rows if self.child_codes is not None else 0, 8), np.int64)
         self.missing_max = np.zeros(target_rows if self.target_cache else 0, self.dtype)
         self.cache_lookups = self.cache_hits = 0
         self.children_scored = 0  # rows the target network scored for all-actions targets, in all
@@ -481,19 +474,28 @@ class Learner:
         # kernel below run the one compiled C-layout version that acting also uses
         states = self.states_c
         np.copyto(states, batch.states[sl])
-        enc.encode(states, ws, 0, self.rot, want_codes=False)
+        codes = enc.encode(states, ws, 0, self.rot, want_codes=self.child_codes is not None)
         if self.targets == "all-actions":
-            expand_children(states, self.rep_moves, self.n_rep, self.children)
-            kids = self.children.reshape(m * self.n_rep, -1)
-            solved_batch(kids, self.child_solved)
-            codes = enc.encode(kids, wt, 0, self.rot_scratch)
+            n_kids = m * self.n_rep
+            if self.child_codes is not None:  # codes and solved flags from the parent table
+                codes, solved = self.child_codes.compute(states, codes, self.rot)
+                encoded = False  # the target net's rows are made from codes where needed
+            else:
+                expand_children(states, self.rep_moves, self.n_rep, self.children)
+                kids = self.children.reshape(n_kids, -1)
+                solved = self.child_solved
+                solved_batch(kids, solved)
+                codes = enc.encode(kids, wt, 0, self.rot_scratch)
+                encoded = True
             laps.lap("encode")
             if self.target_cache:
-                self._cached_child_targets(codes, wt, laps)
+                self._cached_child_targets(codes, solved, encoded, wt, laps)
             else:
-                row_max(tg.forward_ws(wt, m * self.n_rep, laps), self.child_values)
-                all_action_targets(self.child_values, self.child_solved, self.gamma, enc.child_rep_of, self.Y)
-                self.children_scored += m * self.n_rep
+                if not encoded:
+                    enc.encode_codes(codes, wt.idx[:n_kids])
+                row_max(tg.forward_ws(wt, n_kids, laps), self.child_values)
+                all_action_targets(self.child_values, solved, self.gamma, enc.child_rep_of, self.Y)
+                self.children_scored += n_kids
             rows_to_canonical(self.Y, self.rot, enc.act_map, self.Yc)
             laps.lap("targets and loss")
             q = on.forward_ws(ws, m, laps)
@@ -537,23 +539,28 @@ class Learner:
         """Share of the unsolved children's values the cache supplied so far (0 before any)."""
         return self.cache_hits / max(self.cache_lookups, 1)
 
-    def _cached_child_targets(self, codes, wt, laps):
+    def _cached_child_targets(self, codes, solved, encoded, wt, laps):
         """All-actions targets with the target cache: only children whose max Q_t is not
         cached since the last target update go through the target network. Network rows do
         not depend on the other rows of their batch here (checked bitwise), so the targets
-        equal the uncached ones."""
+        equal the uncached ones. encoded: wt's rows hold every child's input (else only
+        the codes are given, and the missing children's rows are made from them)."""
         values, missing = self.child_values, self.child_missing
-        n_miss, unsolved = target_cache_lookup(codes, self.child_solved, self.cache_key, self.cache_gen,
+        n_miss, unsolved = target_cache_lookup(codes, solved, self.cache_key, self.cache_gen,
                                                self.cache_val, self.generation, values, missing)
         self.cache_lookups += unsolved
         self.cache_hits += unsolved - n_miss
         self.children_scored += n_miss
         if n_miss:
-            gather_rows(wt.idx if self.target.sparse else wt.x, missing, n_miss)
+            if encoded:
+                gather_rows(wt.idx if self.target.sparse else wt.x, missing, n_miss)
+            else:
+                take_rows(codes, missing, n_miss, self.missing_codes)
+                self.encoder.encode_codes(self.missing_codes[:n_miss], wt.idx[:n_miss])
             row_max(self.target.forward_ws(wt, n_miss, laps), self.missing_max[:n_miss])
             target_cache_store(self.missing_max, codes, missing, n_miss, self.cache_key, self.cache_gen,
                                self.cache_val, self.generation, values)
-        all_action_targets(values, self.child_solved, self.gamma, self.encoder.child_rep_of, self.Y)
+        all_action_targets(values, solved, self.gamma, self.encoder.child_rep_of, self.Y)
 
     def _lomo_backward_update(self, rows):
         """Backward layer by layer (top first), updating each layer right after its gradient."""

@@ -246,6 +246,8 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     g0, e0 = trainer.grad_steps, trainer.env_steps
     learner = trainer.learner
     lk0, hit0, sc0 = learner.cache_lookups, learner.cache_hits, learner.children_scored
+    cc = getattr(learner, "child_codes", None)
+    cc0 = (cc.lookups, cc.hits) if cc is not None else (0, 0)
     t0 = time.perf_counter()
     trainer.run(max_steps=warmup + steps)
     wall = time.perf_counter() - t0
@@ -274,6 +276,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     layers = gemm_layers_rate(trainer, parts, children)
     lookups = learner.cache_lookups - lk0
     hit_rate = (learner.cache_hits - hit0) / lookups if lookups else None
+    child_hit_rate = (cc.hits - cc0[1]) / (cc.lookups - cc0[0]) if cc is not None and cc.lookups > cc0[0] else None
     rep = trainer.replay
     return {
         "puzzle": cfg.puzzle, "metric": cfg.metric, "network": trainer.layout.describe(),
@@ -292,10 +295,11 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         # ceiling (bf16 dot products in registers) is this
         "matmul_precision": cfg.matmul_precision, "bf16_ceiling_gflops": bf16_ceiling,
         "bf16_available": device == "cpu" and cfg.precision == "float32" and blas.bf16_problem() is None,
-        "phase_parts": parts, **layers, "target_cache_hit_rate": hit_rate,
+        "phase_parts": parts, **layers, "target_cache_hit_rate": hit_rate, "child_cache_hit_rate": child_hit_rate,
         "memory_bytes": {"parameters": int(trainer.learner.online.params.nbytes * 2),
                          "gradients": int(trainer.learner.gradient_nbytes),
                          "optimizer_state": int(trainer.learner.opt.nbytes),
+                         "child_cache": int(cc.nbytes) if cc is not None else 0,
                          "replay_buffer": int(rep.nbytes), "replay_per_transition": int(rep.nbytes_per_transition)},
         "blas": blas_info(),
         "cpu": cpu_info(),
@@ -365,6 +369,10 @@ def format_report(r: dict) -> str:
     if r.get("target_cache_hit_rate") is not None:
         lines.append(f"target cache: {100 * r['target_cache_hit_rate']:.1f}% of children's values reused "
                      f"(the rest went through the target network)")
+    if r.get("child_cache_hit_rate") is not None:
+        lines.append(f"child cache: {100 * r['child_cache_hit_rate']:.1f}% of sampled states' children's codes "
+                     f"found by position ({r['memory_bytes'].get('child_cache', 0) / 1e6:.1f} MB table; the rest "
+                     f"expanded and framed)")
     m = r["memory_bytes"]
     lines.append(f"memory: parameters+target {m['parameters'] / 1e6:.2f} MB, gradients {m['gradients'] / 1e6:.2f} MB, "
                  f"optimizer state {m['optimizer_state'] / 1e6:.2f} MB, replay {m['replay_buffer'] / 1e6:.2f} MB "

@@ -225,9 +225,13 @@ class CudaLearner(Learner):
         self.d_opt.begin_step(st.h["hyper"])
         states = self.states_c  # contiguous copies, as in Learner._forward_loss
         np.copyto(states, batch.states)
-        enc.encode(states, self.h_idx_s, 0, self.rot, want_codes=False)
+        codes = enc.encode(states, self.h_idx_s, 0, self.rot, want_codes=self.child_codes is not None)
         st.h["rot"][:] = self.rot
-        if self.targets == "all-actions":
+        if self.targets == "all-actions" and self.child_codes is not None:  # as Learner._forward_loss
+            kid_codes, solved = self.child_codes.compute(states, codes, self.rot)
+            st.h["solved"][:] = solved
+            enc.encode_codes(kid_codes, self.h_idx_t.idx)
+        elif self.targets == "all-actions":
             expand_children(states, self.rep_moves, self.n_rep, self.children)
             kids = self.children.reshape(m * self.n_rep, -1)
             solved_batch(kids, self.child_solved)
