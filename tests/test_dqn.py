@@ -236,12 +236,13 @@ def test_last_mean_q_is_the_stepped_batch_mean(targets):
     assert lr.last_mean_q == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("inputs,symmetry,sparse", [("pairs", 48, True), ("stickers", 1, True),
-                                                    ("stickers", 48, False)])
-def test_target_cache_gives_the_same_steps(inputs, symmetry, sparse):
+@pytest.mark.parametrize("inputs,symmetry,sparse,sets", [("pairs", 48, True, None), ("stickers", 1, True, None),
+                                                         ("stickers", 48, False, None), ("pairs", 48, True, 2)])
+def test_target_cache_gives_the_same_steps(inputs, symmetry, sparse, sets):
     """All-actions with the target cache == without it, step for step, across target
     copies (which must invalidate it); and it does hit. Few distinct positions (scrambles of
-    1-3 moves) so that children repeat within a target period."""
+    1-3 moves) so that children repeat within a target period. sets=2: a table of 8
+    entries, so that keys evict each other."""
     moves = np.ascontiguousarray(P2.moves[:12])
     enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry, sparse=sparse)
     layout = Layout(enc.in_dim, enc.n_active, (16,), 12)
@@ -249,6 +250,10 @@ def test_target_cache_gives_the_same_steps(inputs, symmetry, sparse):
               sparse=sparse)
     on, off = (Learner(layout, moves, 16, enc, target_cache=c, **kw) for c in (True, False))
     assert on.target_cache and not off.target_cache
+    if sets:
+        ways = on.cache_tag.shape[1]
+        on.cache_tag, on.cache_val = np.zeros((sets, ways), np.uint64), np.zeros((sets, ways), np.float32)
+        on.cache_next = np.zeros(sets, np.uint8)
     rng = np.random.default_rng(2)
     for step in range(8):
         b = a_batch(16, seed=step)
@@ -260,6 +265,25 @@ def test_target_cache_gives_the_same_steps(inputs, symmetry, sparse):
         same(on.Y, off.Y)
         same(on.online.params, off.online.params)
     assert on.generation == 2 and 0 < on.cache_hits < on.cache_lookups
+
+
+def test_target_cache_is_cleared_where_the_generation_tags_wrap():
+    """Tags hold the generation modulo 2**23 - 1 (plus one): where it wraps, an entry of
+    that many generations ago would match again, so the table is emptied there, and only
+    there."""
+    from cubedqn.learner import GEN_BITS
+    moves = np.ascontiguousarray(P2.moves[:12])
+    enc = Encoder(P2, 12, inputs="pairs", symmetry=48)
+    lr = Learner(Layout(enc.in_dim, enc.n_active, (16,), 12), moves, 8, enc, targets="all-actions")
+    lr.cache_tag[:] = 7
+    lr.generation = 5
+    lr.bump_generation()
+    assert lr.generation == 6 and (lr.cache_tag == 7).all()
+    lr.generation = (1 << GEN_BITS) - 3
+    lr.bump_generation()
+    assert (lr.cache_tag == 7).all()
+    lr.bump_generation()
+    assert lr.generation % ((1 << GEN_BITS) - 1) == 0 and not lr.cache_tag.any()
 
 
 @pytest.mark.parametrize("targets", ["double", "dqn"])
