@@ -170,6 +170,37 @@ def test_three_training_steps_equal_cpu(targets, opt, lazy, tau, per):
     check_device_acting(gpu, batch(n, 7).states)
 
 
+def test_child_cache_stages_the_same_step():
+    """The CUDA step's host encoding with the child cache (children's codes by the parent's
+    position, children.py) stages the same inputs and solved flags as framing every child,
+    so the two device steps are equal; valid positions, a few moves deep, so that parents
+    and solved children repeat, and a 2-set table, so that entries are evicted."""
+    from cubedqn.children import ChildCodes
+    from cubedqn.cube import scramble_into
+    from cubedqn.nn import Layout
+    from cubedqn.rng import make_rng
+    enc = Encoder(P2, 12, inputs="pairs", symmetry=48)
+    layout = Layout(enc.in_dim, enc.n_active, (8,), 12)
+    moves = np.ascontiguousarray(P2.moves[:12])
+    kw = dict(targets="all-actions", optimizer="adam", lr=0.05, seed=3, target_update_interval=2)
+    on, off = (CudaLearner(layout, moves, 9, enc, child_cache=c, **kw) for c in (True, False))
+    assert on.child_codes is not None and off.child_codes is None
+    on.child_codes = ChildCodes(enc, moves, 9, sets=2)
+    rng = make_rng(4)
+    for k in range(3):
+        b = batch(9, k)
+        st = np.repeat(P2.solved[None], 9, axis=0)
+        scramble_into(st, np.arange(9) % 4, moves, 12, rng, True, np.empty((9, 0), np.int8))
+        b.states[:] = st
+        assert on.train_step(b) == off.train_step(b)
+        np.testing.assert_array_equal(on.st.h["idx"], off.st.h["idx"])
+        np.testing.assert_array_equal(on.st.h["solved"], off.st.h["solved"])
+        assert off.st.h["solved"].any()
+    on.sync_host(), off.sync_host()
+    np.testing.assert_array_equal(on.online.params, off.online.params)
+    assert 0 < on.child_codes.hits < on.child_codes.lookups
+
+
 def check_device_acting(gpu, states):
     """Acting on the device (CudaLearner.device_q) = the host network with the synced
     parameters, frames included; a second call (a graph replay on a GPU) = the first."""
