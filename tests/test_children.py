@@ -109,3 +109,13 @@ def test_child_cache_gives_the_same_steps(target_cache, inputs, symmetry):
         np.testing.assert_array_equal(on.online.params, off.online.params)
     assert 0 < on.child_codes.hits < on.child_codes.lookups
     assert on.children_scored == off.children_scored
+
+
+def test_the_config_switch_reaches_the_learner():
+    from cubedqn.config import Config
+    from cubedqn.dqn import Trainer
+    kw = dict(puzzle="cube2", input_encoding="pairs", targets="all-actions", hidden=(8,), batch_size=8, n_envs=4,
+              buffer_size=64, learning_starts=8)
+    assert Trainer(Config(**kw)).learner.child_codes is not None
+    assert Trainer(Config(**kw, child_cache=False)).learner.child_codes is None
+    assert Trainer(Config(**dict(kw, targets="double"))).learner.child_codes is None  # no children to score

@@ -154,6 +154,7 @@ def test_train_eval_solve_round_trip(trained):
               "solve_rate", "phases_ms"):
         assert k in rec
     assert 0 <= rec["target_cache_hit_rate"] <= 1  # cube2-quick: all-actions targets, cached
+    assert 0 <= rec["child_cache_hit_rate"] <= 1  # and slot-pair inputs: children's codes by position
     d = json.loads(run(["eval", "--checkpoint", str(trained), "--depths", "1-2", "--n", "5", "--json"]).output)
     assert {"rows", "solved_frac", "mean_length"} <= set(d) and len(d["rows"]) == 2
     d = json.loads(run(["eval", "--checkpoint", str(trained), "--random-states", "5", "--search", "beam",
@@ -340,6 +341,9 @@ def test_profile_json_contract():
     text = run(["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--steps", "5",
                 "--warmup", "2"]).output
     assert "GEMM layers alone" in text and "  encode" in text
+    # cube2-quick: slot pairs, all-actions: the children's codes come from the parent table
+    assert 0 <= d["child_cache_hit_rate"] <= 1 and d["memory_bytes"]["child_cache"] > 0
+    assert "child cache: " in text and "MB table" in text
     assert d["fma_ceiling_gflops"] > 0 and "GFLOP/s FMA ceiling" in text  # one core's, profiling.fma_loop
     assert d["first_layer"] == "rows" and "first layer: rows" in text  # 16 wide: no panels
     cpu = d["cpu"]  # which machine the numbers came from
