@@ -268,16 +268,6 @@ def target_cache_lookup(codes, child_solved, table_tag, table_val, gen_tag, valu
 
 
 @njit(cache=True, error_model="numpy")
-def gather_rows(rows, missing, n_miss):
-    """rows[t] = rows[missing[t]] for t < n_miss (missing ascending, so in place is safe);
-    rows are a workspace's input rows (sparse indices or dense one-hot)."""
-    for t in range(n_miss):
-        src = missing[t]
-        for j in range(rows.shape[1]):
-            rows[t, j] = rows[src, j]
-
-
-@njit(cache=True, error_model="numpy")
 def target_cache_store(row_maxes, codes, missing, n_miss, table_tag, table_val, next_way, gen_tag, values):
     """row_maxes[t] is child missing[t]'s max Q_t (row_max of its scored row): it goes to
     values and to the table, into its set's entry that holds it already (a child met twice
@@ -512,16 +502,7 @@ class Learner:
         codes = enc.encode(states, ws, 0, self.rot, want_codes=self.child_codes is not None)
         if self.targets == "all-actions":
             n_kids = m * self.n_rep
-            if self.child_codes is not None:  # codes and solved flags from the parent table
-                codes, solved = self.child_codes.compute(states, codes, self.rot)
-                encoded = False  # the target net's rows are made from codes where needed
-            else:
-                expand_children(states, self.rep_moves, self.n_rep, self.children)
-                kids = self.children.reshape(n_kids, -1)
-                solved = self.child_solved
-                solved_batch(kids, solved)
-                codes = enc.encode(kids, wt, 0, self.rot_scratch)
-                encoded = True
+            codes, solved, encoded = self.children_of(states, codes, wt)
             laps.lap("encode")
             if self.target_cache:
                 self._cached_child_targets(codes, solved, encoded, wt, laps)
@@ -574,6 +555,23 @@ class Learner:
         """Share of the unsolved children's values the cache supplied so far (0 before any)."""
         return self.cache_hits / max(self.cache_lookups, 1)
 
+    def children_of(self, states, codes, ws_t):
+        """All-actions targets' children of states (n, S), whose own corner codes (from
+        Encoder.encode; None where not computed) and frames (self.rot) are given: returns
+        (the children's codes or None, their solved flags, encoded). With the child cache
+        the codes come from it and nothing is encoded (encoded False: the target rows are
+        made from the codes where needed); else the children are expanded, checked and
+        encoded into the rows of ws_t (encoded True; codes only where the target cache
+        needs them)."""
+        if self.child_codes is not None:
+            kid_codes, solved = self.child_codes.compute(states, codes, self.rot)
+            return kid_codes, solved, False
+        expand_children(states, self.rep_moves, self.n_rep, self.children)
+        kids = self.children.reshape(len(states) * self.n_rep, -1)
+        solved_batch(kids, self.child_solved)
+        kid_codes = self.encoder.encode(kids, ws_t, 0, self.rot_scratch, want_codes=self.target_cache)
+        return kid_codes, self.child_solved, True
+
     def _cached_child_targets(self, codes, solved, encoded, wt, laps):
         """All-actions targets with the target cache: only children whose max Q_t is not
         cached since the last target update go through the target network. Network rows do
@@ -588,8 +586,9 @@ class Learner:
         self.cache_hits += unsolved - n_miss
         self.children_scored += n_miss
         if n_miss:
-            if encoded:
-                gather_rows(wt.idx if self.target.sparse else wt.x, missing, n_miss)
+            if encoded:  # in place: missing is ascending
+                rows = wt.idx if self.target.sparse else wt.x
+                take_rows(rows, missing, n_miss, rows)
             else:
                 take_rows(codes, missing, n_miss, self.missing_codes)
                 self.encoder.encode_codes(self.missing_codes[:n_miss], wt.idx[:n_miss])

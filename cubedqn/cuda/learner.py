@@ -31,7 +31,6 @@ import time
 import numpy as np
 from numba import cuda
 
-from ..cube import expand_children, solved_batch
 from ..encoding import actions_to_canonical
 from ..learner import Learner
 from . import nn as K
@@ -227,16 +226,11 @@ class CudaLearner(Learner):
         np.copyto(states, batch.states)
         codes = enc.encode(states, self.h_idx_s, 0, self.rot, want_codes=self.child_codes is not None)
         st.h["rot"][:] = self.rot
-        if self.targets == "all-actions" and self.child_codes is not None:  # as Learner._forward_loss
-            kid_codes, solved = self.child_codes.compute(states, codes, self.rot)
+        if self.targets == "all-actions":  # the device step scores every child
+            kid_codes, solved, encoded = self.children_of(states, codes, self.h_idx_t)
             st.h["solved"][:] = solved
-            enc.encode_codes(kid_codes, self.h_idx_t.idx)
-        elif self.targets == "all-actions":
-            expand_children(states, self.rep_moves, self.n_rep, self.children)
-            kids = self.children.reshape(m * self.n_rep, -1)
-            solved_batch(kids, self.child_solved)
-            st.h["solved"][:] = self.child_solved
-            enc.encode(kids, self.h_idx_t, 0, self.rot_scratch, want_codes=False)
+            if not encoded:
+                enc.encode_codes(kid_codes, self.h_idx_t.idx)
         else:
             nxt = self.next_c
             np.copyto(nxt, batch.next_states)
