@@ -110,16 +110,13 @@ def child_codes_lookup(parent_codes, frame, act_map, reps, table_key, table_code
 
 @njit(cache=True, error_model="numpy")
 def child_codes_store(parent_codes, frame, act_map, rep_of, n_rep, missing, n_miss, new_codes, table_key,
-                      table_codes, victim, kid_codes):
+                      table_codes, victim):
     """new_codes[t*R + r] holds the codes of parent missing[t]'s r-th representative child
-    (just framed): they go to kid_codes, and under the parent's key into the table, one row
-    per canonical action act_map[frame, a] from its representative rep_of[a]."""
+    (just framed): they go into the table under the parent's key, one row per canonical
+    action act_map[frame, a] from its representative rep_of[a]."""
     mask = table_key.shape[0] - 1
     for t in range(n_miss):
         i = missing[t]
-        for r in range(n_rep):
-            for j in range(kid_codes.shape[1]):
-                kid_codes[i * n_rep + r, j] = new_codes[t * n_rep + r, j]
         key = code_key(parent_codes, i)
         s = key_slot(key, mask)
         if table_key[s, 0] == key or table_key[s, 1] == key:
@@ -131,8 +128,21 @@ def child_codes_store(parent_codes, frame, act_map, rep_of, n_rep, missing, n_mi
         for a in range(amap.shape[0]):
             c = amap[a]
             r = rep_of[a]
-            for j in range(kid_codes.shape[1]):
+            for j in range(new_codes.shape[1]):
                 table_codes[s, w, c, j] = new_codes[t * n_rep + r, j]
+
+
+@njit(cache=True, error_model="numpy")
+def child_codes_place(missing, n_miss, new_codes, n_rep, source, kid_codes):
+    """kid_codes[i*K + k] = new_codes[t*R + source[k]] for parent i = missing[t] (K = len(source)):
+    source is 0..R-1 for the representative children, rep_of for every action's child."""
+    n_out = source.shape[0]
+    for t in range(n_miss):
+        i = missing[t]
+        for k in range(n_out):
+            r = source[k]
+            for j in range(kid_codes.shape[1]):
+                kid_codes[i * n_out + k, j] = new_codes[t * n_rep + r, j]
 
 
 class ChildCodes:
@@ -147,6 +157,8 @@ class ChildCodes:
         self.encoder = encoder
         self.reps = np.ascontiguousarray(encoder.child_reps, np.int64)
         self.rep_of = np.ascontiguousarray(encoder.child_rep_of, np.int64)
+        self.reps_index = np.arange(len(self.reps), dtype=np.int64)
+        self.all_actions = np.arange(encoder.n_actions, dtype=np.int64)
         self.n_rep = n_rep = len(self.reps)
         self.rep_moves = np.ascontiguousarray(moves[encoder.child_reps])
         n_s = moves.shape[1]
@@ -163,6 +175,7 @@ class ChildCodes:
         solved_code = np.zeros((1, 8), np.int64)
         encoder.frames(np.ascontiguousarray(encoder.puzzle.solved[None]), np.zeros(1, np.int64), solved_code)
         self.solved_code = solved_code[0].copy()
+        self.all_codes = None  # every_child's output, made on its first call
         self.lookups = self.hits = 0  # parents looked up, and found, so far
 
     @staticmethod
@@ -170,22 +183,43 @@ class ChildCodes:
         return bool(encoder.canonical and encoder.framed and encoder.inputs != "stickers")
 
     def compute(self, states, parent_codes, frame):
-        """(codes (n*R, 8), solved (n*R,)) of the children of states (n, S), whose codes and
-        frames Encoder.encode gave; views of this object's buffers, valid until the next call."""
+        """(codes (n*R, 8), solved (n*R,)) of the representative children of states (n, S),
+        whose codes and frames Encoder.encode gave; views of this object's buffers, valid
+        until the next call."""
         n, r = len(states), self.n_rep
-        n_miss = child_codes_lookup(parent_codes, frame, self.encoder.act_map, self.reps, self.table_key,
-                                    self.table_codes, self.victim, self.codes, self.missing)
+        codes = self._look_up(states, parent_codes, frame, self.reps, self.codes)
+        rows_equal(codes, self.solved_code, self.solved[:n * r])
+        return codes, self.solved[:n * r]
+
+    def every_child(self, states, parent_codes, frame):
+        """(n*A, 8) codes of the children of states (n, S) under every action 0..A-1 (row
+        i*A + a: state i's child under world action a): what Encoder.position_keys gives
+        those children. For search, which compares every child (a view, valid until the next
+        call)."""
+        if self.all_codes is None:
+            self.all_codes = np.zeros((len(self.missing) * self.encoder.n_actions, 8), np.int64)
+        return self._look_up(states, parent_codes, frame, self.all_actions, self.all_codes)
+
+    def _look_up(self, states, parent_codes, frame, actions, out):
+        """out[i*K + k] = the codes of state i's child under world action actions[k] (K = len(actions),
+        each a representative or every action); parents not in the table are expanded,
+        framed and stored."""
+        n, r = len(states), self.n_rep
+        n_miss = child_codes_lookup(parent_codes, frame, self.encoder.act_map, actions, self.table_key,
+                                    self.table_codes, self.victim, out, self.missing)
         if n_miss:
             take_rows(states, self.missing, n_miss, self.miss_states)
             expand_children(self.miss_states[:n_miss], self.rep_moves, r, self.children[:n_miss])
             self.encoder.frames(self.children[:n_miss].reshape(n_miss * r, -1), self.miss_frames[:n_miss * r],
                                 self.miss_codes[:n_miss * r])
             child_codes_store(parent_codes, frame, self.encoder.act_map, self.rep_of, r, self.missing, n_miss,
-                              self.miss_codes, self.table_key, self.table_codes, self.victim, self.codes)
-        rows_equal(self.codes[:n * r], self.solved_code, self.solved[:n * r])
+                              self.miss_codes, self.table_key, self.table_codes, self.victim)
+            # a representative child's row is its own; any action's child is its representative's
+            source = self.reps_index if actions is self.reps else self.rep_of
+            child_codes_place(self.missing, n_miss, self.miss_codes, r, source, out)
         self.lookups += n
         self.hits += n - n_miss
-        return self.codes[:n * r], self.solved[:n * r]
+        return out[:n * len(actions)]
 
     @property
     def hit_rate(self):

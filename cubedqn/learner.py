@@ -344,7 +344,6 @@ class Learner:
         self.y = np.zeros(micro, self.dtype)
         self.Y = np.zeros((micro, self.n_actions), self.dtype)
         self.td = np.zeros(batch_size, self.dtype)
-        self.children = np.zeros((micro, self.n_rep, moves.shape[1]), np.uint8)
         self.states_c = np.zeros((micro, moves.shape[1]), np.uint8)  # contiguous copies of s, s'
         # all-actions with hard target updates and corner codes: cache max Q_t per child
         self.target_cache = bool(target_cache and targets == "all-actions" and encoder.framed and tau >= 1.0)
@@ -361,11 +360,14 @@ class Learner:
         self.child_codes = ChildCodes(encoder, moves, micro) \
             if child_cache and targets == "all-actions" and ChildCodes.applies(encoder) else None
         self.missing_codes = np.zeros((target_rows if self.child_codes is not None else 0, 8), np.int64)
+        # all-actions without the table: every representative child expanded and checked here
+        kid_rows = micro if targets == "all-actions" and self.child_codes is None else 0
+        self.children = np.zeros((kid_rows, self.n_rep, moves.shape[1]), np.uint8)
+        self.child_solved = np.zeros(kid_rows * self.n_rep, np.bool_)
         self.missing_max = np.zeros(target_rows if self.target_cache else 0, self.dtype)
         self.cache_lookups = self.cache_hits = 0
         self.children_scored = 0  # rows the target network scored for all-actions targets, in all
         self.next_c = np.zeros((micro, moves.shape[1]), np.uint8)
-        self.child_solved = np.zeros(micro * self.n_rep, np.bool_)
         self.ones = np.ones(batch_size, self.dtype)
         self.rot = np.zeros(micro, np.int64)            # rotation of each sampled state
         self.rot_scratch = np.zeros(target_rows, np.int64)

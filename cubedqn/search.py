@@ -47,6 +47,14 @@ def position_keys(policy, states):
     return np.ascontiguousarray(states if f is None else f(states), dtype=np.uint8)
 
 
+def q_and_child_keys(policy, states):
+    """(Q-values of states (n, A), position_keys of their children (n*A, K), row i*A + a for
+    action a, or None): the policy gives the keys where it can without framing every child
+    (encoding.Policy.q_values_and_child_keys); None leaves them to the caller."""
+    f = getattr(policy, "q_values_and_child_keys", None)
+    return f(states) if f is not None else (policy.q_values(states), None)
+
+
 @njit(cache=True, nogil=True)
 def _visited(hist, n_hist, key):
     k_n = key.shape[0]
@@ -116,11 +124,13 @@ def greedy_solve(policy, states, moves, max_moves=30):
         rows = np.flatnonzero(~solved & ~stuck)
         if rows.size == 0:
             break
-        q = policy.q_values(states[rows])
+        q, kid_keys = q_and_child_keys(policy, states[rows])
         n_a = q.shape[1]
         kids = np.empty((rows.size, n_a, s), np.uint8)
         expand_children(states[rows], moves, n_a, kids)
-        kid_keys = position_keys(policy, kids.reshape(-1, s)).reshape(rows.size, n_a, -1)
+        if kid_keys is None:
+            kid_keys = position_keys(policy, kids.reshape(-1, s))
+        kid_keys = kid_keys.reshape(rows.size, n_a, -1)
         step_actions[:] = -1
         greedy_step(q, rows, kids, kid_keys, states, hist, hist_len, step_actions, stuck)
         path[rows, t] = step_actions[rows]
@@ -169,10 +179,11 @@ def hash_table(width):
     return np.full(size, -1, np.int64)
 
 
-def select_beam(policy, kids, scores, width, out_idx):
+def select_beam(policy, kids, scores, width, out_idx, keys=None):
     """Indices of the `width` best (lowest score) distinct positions among kids (M, S), compared
     by the policy's position keys (raw stickers for a policy without them). Keys are computed
-    down the score order only as far as W distinct ones need. Returns the count.
+    down the score order only as far as W distinct ones need, unless given for every child
+    (keys (M, K)). Returns the count.
 
     Only the best 3W scores are ordered at first (a partition, then a sort of those by score
     and index, which is a stable sort's order): sorting all W x A children took 1.2 ms a
@@ -183,24 +194,26 @@ def select_beam(policy, kids, scores, width, out_idx):
     head = min(m, 3 * width)
     if head < m:
         top = np.argpartition(scores, head - 1)[:head]
-        count = _select_down(policy, kids, top[np.lexsort((top, scores[top]))], width, out_idx)
+        count = _select_down(policy, kids, top[np.lexsort((top, scores[top]))], width, out_idx, keys)
         if count == width:
             return count
-    return _select_down(policy, kids, np.argsort(scores, kind="stable"), width, out_idx)
+    return _select_down(policy, kids, np.argsort(scores, kind="stable"), width, out_idx, keys)
 
 
-def _select_down(policy, kids, order, width, out_idx):
+def _select_down(policy, kids, order, width, out_idx, all_keys=None):
     """select_beam's scan: the first `width` distinct positions of kids[order], keys computed
-    for the first 3W, then in doubling chunks while more are needed."""
+    (or taken from all_keys) for the first 3W, then in doubling chunks while more are needed."""
+    def keys_of(rows):
+        return position_keys(policy, kids[rows]) if all_keys is None else all_keys[rows]
+
     m = order.shape[0]
     table = hash_table(width)
     sel = np.empty(width, np.int64)
-    keys = position_keys(policy, kids[order[:min(m, 3 * width)]])
+    keys = keys_of(order[:min(m, 3 * width)])
     count = select_distinct(keys, width, 0, table, sel, 0)
     while count < width and keys.shape[0] < m:  # many equivalent children: look further down
         done = keys.shape[0]
-        more = position_keys(policy, kids[order[done:min(m, 2 * done)]])
-        keys = np.concatenate([keys, more])
+        keys = np.concatenate([keys, keys_of(order[done:min(m, 2 * done)])])
         count = select_distinct(keys, width, done, table, sel, count)
     out_idx[:count] = order[sel[:count]]
     return count
@@ -219,7 +232,7 @@ def beam_search(policy, state, moves, n_actions, width=64, max_depth=30):
     sel = np.empty(width, np.int64)
     for _ in range(max_depth):
         w = beam.shape[0]
-        q = policy.q_values(beam)
+        q, kid_keys = q_and_child_keys(policy, beam)
         k = kids[:w]
         expand_children(beam, moves, n_actions, k)
         flat = k.reshape(w * n_actions, s)
@@ -233,7 +246,7 @@ def beam_search(policy, state, moves, n_actions, width=64, max_depth=30):
                 path.append(int(act[parent]))
                 parent = int(par[parent])
             return path[::-1]
-        cnt = select_beam(policy, flat, -q.reshape(-1).astype(np.float64), width, sel)
+        cnt = select_beam(policy, flat, -q.reshape(-1).astype(np.float64), width, sel, kid_keys)
         chosen = sel[:cnt]
         parents.append(chosen // n_actions)
         acts.append(chosen % n_actions)
@@ -294,7 +307,7 @@ def astar_search(policy, state, moves, n_actions, batch=64, weight=0.6, max_dept
             break
         idx = np.array(popped)
         b = len(popped)
-        q = policy.q_values(states[idx])
+        q, keys = q_and_child_keys(policy, states[idx])
         k = kids[:b]
         expand_children(states[idx], moves, n_actions, k)
         flat = k.reshape(b * n_actions, s)
@@ -306,7 +319,8 @@ def astar_search(policy, state, moves, n_actions, batch=64, weight=0.6, max_dept
         if n_nodes + b * n_actions > max_nodes:
             break
         h = np.maximum(cost_to_go(q, gamma) - 1.0, 0.0).reshape(-1)
-        keys = position_keys(policy, flat)
+        if keys is None:
+            keys = position_keys(policy, flat)
         for c in range(b * n_actions):
             gc = int(g[idx[c // n_actions]]) + 1
             key = keys[c].tobytes()

@@ -272,3 +272,72 @@ def test_greedy_step_takes_the_first_unvisited_action_of_a_stable_argsort(n_a):
     np.testing.assert_array_equal(states, want_states)
     np.testing.assert_array_equal(hist, want_hist)
     np.testing.assert_array_equal(hist_len, want_len)
+
+
+class WithoutChildKeys:
+    """The same policy, but search keys the children itself (position_keys of each child)."""
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def q_values(self, states):
+        return self.policy.q_values(states)
+
+    def position_keys(self, states):
+        return self.policy.position_keys(states)
+
+
+def scrambles(n, max_depth, n_actions, seed):
+    rng = np.random.default_rng(seed)
+    return np.stack([apply_moves(P2, P2.solved, rng.integers(0, n_actions, rng.integers(0, max_depth + 1)))
+                     for _ in range(n)])
+
+
+@pytest.mark.parametrize("inputs,symmetry,n_actions", [("pairs", 48, 12), ("pairs", 48, 18), ("pairs", 6, 12),
+                                                       ("pairs", 1, 18), ("cubies", 48, 12), ("cubies", 1, 12)])
+def test_child_keys_from_the_table_equal_the_childrens_position_keys(inputs, symmetry, n_actions):
+    """Policy.q_values_and_child_keys: its Q-values are q_values' bit for bit, and row i*A + a
+    of its keys is position_keys of state i's child under action a. A 4-set table (entries
+    evicted and refilled), 16-row chunks under 40-state calls, scrambles of 0-5 moves
+    (positions repeat, within a call too)."""
+    enc = Encoder(P2, n_actions, inputs=inputs, symmetry=symmetry)
+    policy = Policy(MLP(Layout(enc.in_dim, enc.n_active, (32,), n_actions), seed=5), enc, chunk=16,
+                    child_table_sets=4)
+    moves = np.ascontiguousarray(P2.moves[:n_actions])
+    for seed in range(6):
+        states = scrambles(40, 5, n_actions, seed)
+        q, keys = policy.q_values_and_child_keys(states)
+        kids = np.empty((40, n_actions, 24), np.uint8)
+        expand_children(states, moves, n_actions, kids)
+        assert np.array_equal(q, policy.q_values(states))
+        assert np.array_equal(keys, policy.position_keys(kids.reshape(-1, 24)))
+    table = policy._child_codes
+    assert 0 < table.hits < table.lookups == 6 * 40
+
+
+@pytest.mark.parametrize("encoder,views", [(dict(inputs="stickers", symmetry=48), 1),
+                                           (dict(inputs="cubies", canonical=False), 1),
+                                           (dict(inputs="pairs", symmetry=48), 2)])
+def test_child_keys_are_left_to_the_caller_where_the_table_does_not_apply(encoder, views):
+    enc = Encoder(P2, 12, **encoder)
+    policy = Policy(MLP(Layout(enc.in_dim, enc.n_active, (32,), 12), seed=5), enc, views=views)
+    states = scrambles(10, 5, 12, 0)
+    q, keys = policy.q_values_and_child_keys(states)
+    assert keys is None and np.array_equal(q, policy.q_values(states))
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "astar"])
+@pytest.mark.parametrize("inputs,symmetry", [("pairs", 48), ("cubies", 6)])
+def test_searches_find_the_same_solutions_with_child_keys_from_the_table(search, inputs, symmetry):
+    """Exact keys give exactly the same search: the same solutions (and failures) with the
+    table (4 sets: evictions all along) as with every child keyed by position_keys."""
+    enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry)
+    net = MLP(Layout(enc.in_dim, enc.n_active, (32,), 12), seed=11)
+    states = scrambles(24, 7, 12, 3)
+    fast = Policy(net, enc, child_table_sets=4)
+    slow = WithoutChildKeys(Policy(net, enc.fork()))
+    a = solve_many(fast, P2, states, 12, search, beam_width=16, max_moves=9)
+    b = solve_many(slow, P2, states, 12, search, beam_width=16, max_moves=9)
+    assert a[0].any()
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[3] == b[3]
+    assert fast._child_codes.lookups > 0
