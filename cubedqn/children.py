@@ -43,7 +43,7 @@ from .cube import expand_children
 EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)  # no key: codes are 8 x 5 bits
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def code_key(codes, i):
     """Row i of codes (n, 8), each < 32, packed into one number (exact for corner codes)."""
     k = np.uint64(0)
@@ -52,13 +52,13 @@ def code_key(codes, i):
     return k
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def key_slot(key, mask):
     """A table slot for key (Fibonacci hashing; mask = slots - 1, slots a power of two)."""
     return np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def take_rows(src, rows, n, out):
     """out[t] = src[rows[t]] for t < n."""
     for t in range(n):
@@ -67,7 +67,7 @@ def take_rows(src, rows, n, out):
             out[t, j] = src[r, j]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def rows_equal(rows, row, out):
     """out[i] = rows[i] equals row element by element."""
     for i in range(rows.shape[0]):
@@ -79,7 +79,7 @@ def rows_equal(rows, row, out):
         out[i] = same
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def child_codes_lookup(parent_codes, frame, act_map, reps, table_key, table_codes, victim, kid_codes, missing):
     """kid_codes[i*R + r] = the codes of parent i's child under representative action reps[r]
     where the table holds parent i's position; lists the other parents in missing[:n].
@@ -108,7 +108,7 @@ def child_codes_lookup(parent_codes, frame, act_map, reps, table_key, table_code
     return n_miss
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def child_codes_store(parent_codes, frame, act_map, rep_of, n_rep, missing, n_miss, new_codes, table_key,
                       table_codes, victim):
     """new_codes[t*R + r] holds the codes of parent missing[t]'s r-th representative child
@@ -132,7 +132,7 @@ def child_codes_store(parent_codes, frame, act_map, rep_of, n_rep, missing, n_mi
                 table_codes[s, w, c, j] = new_codes[t * n_rep + r, j]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, nogil=True, error_model="numpy")
 def child_codes_place(missing, n_miss, new_codes, n_rep, source, kid_codes):
     """kid_codes[i*K + k] = new_codes[t*R + source[k]] for parent i = missing[t] (K = len(source)):
     source is 0..R-1 for the representative children, rep_of for every action's child."""
