@@ -154,3 +154,68 @@ def gemm_bf16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             acc = acc + np.outer(a[:, p + 1], b[p + 1])  # float32: exact product, one rounding
         acc = acc + np.outer(a[:, p], b[p])
     return acc
+
+
+def astar_search(policy, state, moves, n_actions, batch=64, weight=0.6, max_depth=30, gamma=1.0,
+                 max_nodes=200_000):
+    """search.astar_search with Python's heapq as the open set and a dict of position keys
+    (bytes) to their best g: the same nodes popped in the same order, so the same result."""
+    import heapq
+
+    from .cube import expand_children, is_solved, solved_batch
+    from .search import cost_to_go, position_keys
+    state = np.asarray(state, dtype=np.uint8)
+    if is_solved(state):
+        return []
+    s = state.shape[0]
+    states = np.empty((max_nodes, s), np.uint8)
+    parent = np.empty(max_nodes, np.int64)
+    action = np.empty(max_nodes, np.int64)
+    g = np.empty(max_nodes, np.int64)
+    states[0], parent[0], action[0], g[0] = state, -1, -1, 0
+    best_g = {position_keys(policy, state[None])[0].tobytes(): 0}
+    heap = [(0.0, 0)]
+    n_nodes = 1
+
+    def path_to(node, last):
+        out = [last]
+        while parent[node] >= 0:
+            out.append(int(action[node]))
+            node = int(parent[node])
+        return out[::-1]
+
+    while heap:
+        popped = []
+        while heap and len(popped) < batch:
+            _, i = heapq.heappop(heap)
+            if g[i] < max_depth:
+                popped.append(i)
+        if not popped:
+            break
+        idx = np.array(popped)
+        b = len(popped)
+        q = policy.q_values(states[idx])
+        kids = np.empty((b, n_actions, s), np.uint8)
+        expand_children(states[idx], moves, n_actions, kids)
+        flat = kids.reshape(b * n_actions, s)
+        solved = np.empty(b * n_actions, np.bool_)
+        solved_batch(flat, solved)
+        hit = np.flatnonzero(solved)
+        if hit.size:
+            c = int(hit[np.argmin(g[idx[hit // n_actions]])])
+            return path_to(int(idx[c // n_actions]), c % n_actions)
+        if n_nodes + b * n_actions > max_nodes:
+            break
+        h = np.maximum(cost_to_go(q, gamma) - 1.0, 0.0).reshape(-1)
+        keys = position_keys(policy, flat)
+        for c in range(b * n_actions):
+            gc = int(g[idx[c // n_actions]]) + 1
+            key = keys[c].tobytes()
+            if best_g.get(key, max_depth + 1) <= gc:
+                continue
+            best_g[key] = gc
+            states[n_nodes], parent[n_nodes], action[n_nodes], g[n_nodes] = flat[c], idx[c // n_actions], \
+                c % n_actions, gc
+            heapq.heappush(heap, (weight * gc + h[c], n_nodes))
+            n_nodes += 1
+    return None

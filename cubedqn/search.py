@@ -15,10 +15,13 @@ Beam search (Q*-style): a parent's single forward pass scores all of its childre
 Q(s, a) estimates -(1 + cost-to-go of child a). A beam of width W therefore costs W
 forward rows per depth, not W x actions. Children are deduplicated exactly (hash of the
 position key, then a byte comparison) and the W best distinct ones form the next beam;
-keys are computed only for the best-scored children, until W distinct ones are found.
+keys are computed only for the best-scored children, until W distinct ones are found
+(where the policy gives every child's key from its table, encoding.Policy.q_values_and_child_keys,
+those are used instead).
 
 Weighted A* (DeepCubeA's batched BWAS): f = weight * g + h, h read off the parent's
-Q-values the same way, a batch of lowest-f nodes expanded per forward pass.
+Q-values the same way, a batch of lowest-f nodes expanded per forward pass; the open set
+is a binary heap in arrays and the best g of each position a hash table of its key.
 
 All return action lists, and `verify` replays each on its start state.
 """
@@ -263,18 +266,120 @@ def cost_to_go(q, gamma):
     return np.log(np.maximum(1.0 - (1.0 - gamma) * c, 1e-12)) / np.log(gamma)
 
 
+@njit(cache=True, nogil=True)
+def _before(hf, hn, i, j):
+    """Whether heap entry i orders before entry j: by f, then by node number (heapq's tuple order)."""
+    return hf[i] < hf[j] or (hf[i] == hf[j] and hn[i] < hn[j])
+
+
+@njit(cache=True, nogil=True)
+def _swap(hf, hn, i, j):
+    hf[i], hf[j] = hf[j], hf[i]
+    hn[i], hn[j] = hn[j], hn[i]
+
+
+@njit(cache=True, nogil=True)
+def heap_push(hf, hn, size, f, node):
+    """Push (f, node) on the binary min-heap hf[:size], hn[:size]; returns the new size."""
+    i = size
+    hf[i], hn[i] = f, node
+    while i > 0:
+        up = (i - 1) // 2
+        if not _before(hf, hn, i, up):
+            break
+        _swap(hf, hn, i, up)
+        i = up
+    return size + 1
+
+
+@njit(cache=True, nogil=True)
+def heap_pop(hf, hn, size):
+    """Remove the least entry of the heap hf[:size], hn[:size]; returns (its node, the new size)."""
+    node = hn[0]
+    size -= 1
+    hf[0], hn[0] = hf[size], hn[size]
+    i = 0
+    while True:
+        least, left = i, 2 * i + 1
+        if left < size and _before(hf, hn, left, least):
+            least = left
+        if left + 1 < size and _before(hf, hn, left + 1, least):
+            least = left + 1
+        if least == i:
+            break
+        _swap(hf, hn, i, least)
+        i = least
+    return node, size
+
+
+@njit(cache=True, nogil=True)
+def astar_pop(hf, hn, size, g, max_depth, batch, out):
+    """Pop nodes in (f, node) order until `batch` of them are shallower than max_depth (the
+    deeper ones are dropped) or the heap is empty: out[:count] gets them. Returns (count, size)."""
+    count = 0
+    while size > 0 and count < batch:
+        node, size = heap_pop(hf, hn, size)
+        if g[node] < max_depth:
+            out[count] = node
+            count += 1
+    return count, size
+
+
+@njit(cache=True, nogil=True)
+def _find_key(table_keys, used, key):
+    """The slot holding key in the open-addressing table (linear probing), or the empty slot
+    where it would go."""
+    mask = used.shape[0] - 1
+    k_n = key.shape[0]
+    slot = np.int64(_state_hash(key) & np.uint64(mask))
+    while used[slot]:
+        same = True
+        for j in range(k_n):
+            if table_keys[slot, j] != key[j]:
+                same = False
+                break
+        if same:
+            return slot
+        slot = (slot + 1) & mask
+    return slot
+
+
+@njit(cache=True, nogil=True)
+def astar_push_children(keys, h, idx, n_actions, flat, weight, states, parent, action, g, n_nodes,
+                        table_keys, table_g, used, hf, hn, size):
+    """Child c (row c of flat, keys and h; parent idx[c // n_actions], action c % n_actions)
+    becomes node n_nodes and is pushed with f = weight * g + h unless its position was
+    reached before with a lower or equal g. Returns (n_nodes, size)."""
+    for c in range(keys.shape[0]):
+        p = idx[c // n_actions]
+        gc = g[p] + 1
+        slot = _find_key(table_keys, used, keys[c])
+        if used[slot] and table_g[slot] <= gc:
+            continue
+        if not used[slot]:
+            used[slot] = True
+            table_keys[slot] = keys[c]
+        table_g[slot] = gc
+        states[n_nodes] = flat[c]
+        parent[n_nodes], action[n_nodes], g[n_nodes] = p, c % n_actions, gc
+        size = heap_push(hf, hn, size, weight * gc + h[c], n_nodes)
+        n_nodes += 1
+    return n_nodes, size
+
+
 def astar_search(policy, state, moves, n_actions, batch=64, weight=0.6, max_depth=30, gamma=1.0,
                  max_nodes=200_000):
     """Batched weighted A* (DeepCubeA's BWAS, f = weight * g + h) with h from the Q-network.
 
-    Each iteration pops the `batch` open nodes of lowest f; one forward pass over them scores
-    all their children (h(child a) = cost_to_go(Q(node, a)) - 1, as in Q* search), and each
-    child whose position (see position_keys) was not reached before with a lower or equal g
-    is pushed. Returns the first solution found (shortest among the popped batch), or None
-    when the open set empties, max_nodes are generated, or only nodes at max_depth remain.
-    weight < 1 trades optimality for speed; weight = 1 is plain A* with a learned h.
+    Each iteration pops the `batch` open nodes of lowest f (ties: the node made first); one
+    forward pass over them scores all their children (h(child a) = cost_to_go(Q(node, a))
+    - 1, as in Q* search), and each child whose position (see position_keys) was not
+    reached before with a lower or equal g is pushed. Returns the first solution found
+    (shortest among the popped batch), or None when the open set empties, max_nodes are
+    generated, or only nodes at max_depth remain. weight < 1 trades optimality for speed;
+    weight = 1 is plain A* with a learned h. The open set (a binary heap) and the best g
+    of each position (a hash table of the keys) live in arrays the kernels above work on.
     """
-    import heapq
     state = np.asarray(state, dtype=np.uint8)
     if is_solved(state):
         return []
@@ -284,11 +389,23 @@ def astar_search(policy, state, moves, n_actions, batch=64, weight=0.6, max_dept
     action = np.empty(max_nodes, np.int64)
     g = np.empty(max_nodes, np.int64)
     states[0], parent[0], action[0], g[0] = state, -1, -1, 0
-    best_g = {position_keys(policy, state[None])[0].tobytes(): 0}
-    heap = [(0.0, 0)]
+    key0 = position_keys(policy, state[None])
+    size = 1
+    while size < 2 * max_nodes:  # at most half full
+        size *= 2
+    table_keys = np.empty((size, key0.shape[1]), np.uint8)
+    table_g = np.empty(size, np.int64)
+    used = np.zeros(size, np.bool_)
+    slot = _find_key(table_keys, used, key0[0])
+    used[slot], table_keys[slot], table_g[slot] = True, key0[0], 0
+    hf = np.empty(max_nodes, np.float64)  # the heap: f and node number
+    hn = np.empty(max_nodes, np.int64)
+    hf[0], hn[0] = 0.0, 0
+    open_size = 1
     n_nodes = 1
     kids = np.empty((batch, n_actions, s), np.uint8)
     solved = np.empty(batch * n_actions, np.bool_)
+    popped = np.empty(batch, np.int64)
 
     def path_to(node, last):
         out = [last]
@@ -297,16 +414,11 @@ def astar_search(policy, state, moves, n_actions, batch=64, weight=0.6, max_dept
             node = int(parent[node])
         return out[::-1]
 
-    while heap:
-        popped = []
-        while heap and len(popped) < batch:
-            _, i = heapq.heappop(heap)
-            if g[i] < max_depth:
-                popped.append(i)
-        if not popped:
+    while open_size:
+        b, open_size = astar_pop(hf, hn, open_size, g, max_depth, batch, popped)
+        if b == 0:
             break
-        idx = np.array(popped)
-        b = len(popped)
+        idx = popped[:b]
         q, keys = q_and_child_keys(policy, states[idx])
         k = kids[:b]
         expand_children(states[idx], moves, n_actions, k)
@@ -318,19 +430,11 @@ def astar_search(policy, state, moves, n_actions, batch=64, weight=0.6, max_dept
             return path_to(int(idx[c // n_actions]), c % n_actions)
         if n_nodes + b * n_actions > max_nodes:
             break
-        h = np.maximum(cost_to_go(q, gamma) - 1.0, 0.0).reshape(-1)
+        h = np.ascontiguousarray(np.maximum(cost_to_go(q, gamma) - 1.0, 0.0).reshape(-1))
         if keys is None:
             keys = position_keys(policy, flat)
-        for c in range(b * n_actions):
-            gc = int(g[idx[c // n_actions]]) + 1
-            key = keys[c].tobytes()
-            if best_g.get(key, max_depth + 1) <= gc:
-                continue
-            best_g[key] = gc
-            states[n_nodes], parent[n_nodes], action[n_nodes], g[n_nodes] = flat[c], idx[c // n_actions], \
-                c % n_actions, gc
-            heapq.heappush(heap, (weight * gc + h[c], n_nodes))
-            n_nodes += 1
+        n_nodes, open_size = astar_push_children(keys, h, idx, n_actions, flat, float(weight), states, parent,
+                                                 action, g, n_nodes, table_keys, table_g, used, hf, hn, open_size)
     return None
 
 

@@ -341,3 +341,42 @@ def test_searches_find_the_same_solutions_with_child_keys_from_the_table(search,
     assert a[0].any()
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[3] == b[3]
     assert fast._child_codes.lookups > 0
+
+
+def test_heap_pops_in_heapqs_order():
+    """The kernels' binary heap against heapq on (f, node) pairs with many equal f."""
+    import heapq
+
+    from cubedqn.search import heap_pop, heap_push
+    rng = np.random.default_rng(2)
+    hf, hn = np.empty(500, np.float64), np.empty(500, np.int64)
+    size, ref, node = 0, [], 0
+    for _ in range(40):
+        for _ in range(int(rng.integers(0, 15))):
+            f = float(rng.integers(0, 6)) * 0.5
+            size = heap_push(hf, hn, size, f, node)
+            heapq.heappush(ref, (f, node))
+            node += 1
+        for _ in range(int(rng.integers(0, 12))):
+            if size:
+                got, size = heap_pop(hf, hn, size)
+                assert got == heapq.heappop(ref)[1]
+    assert size == len(ref)
+
+
+@pytest.mark.parametrize("weight", [0.6, 1.0])
+@pytest.mark.parametrize("inputs,symmetry", [("pairs", 48), ("stickers", 1)])
+def test_astar_equals_the_heapq_reference(weight, inputs, symmetry):
+    """The same solutions (or failures) as reference.astar_search, whose open set is heapq
+    and whose best g per position is a dict: with the table's keys (pairs) and with each
+    child keyed (stickers); a small node budget and depth limit make some searches give up."""
+    from cubedqn.reference import astar_search as astar_reference
+    enc = Encoder(P2, 12, inputs=inputs, symmetry=symmetry)
+    policy = Policy(MLP(Layout(enc.in_dim, enc.n_active, (32,), 12), seed=13), enc)
+    results = []
+    for i, state in enumerate(scrambles(30, 8, 12, 9)):
+        kw = dict(batch=8 if i % 2 else 32, weight=weight, max_depth=9, max_nodes=3000)
+        got = astar_search(policy, state, MOVES, 12, **kw)
+        assert got == astar_reference(policy, state, MOVES, 12, **kw)
+        results.append(got)
+    assert any(r is None for r in results) and sum(r is not None for r in results) > 10
