@@ -298,7 +298,7 @@ def heap_pop(hf, hn, size):
     node = hn[0]
     size -= 1
     hf[0], hn[0] = hf[size], hn[size]
-    i = 0
+    i = np.int64(0)  # not a literal 0: numba would compile _before for it separately
     while True:
         least, left = i, 2 * i + 1
         if left < size and _before(hf, hn, left, least):
@@ -358,9 +358,11 @@ def astar_push_children(keys, h, idx, n_actions, flat, weight, states, parent, a
             continue
         if not used[slot]:
             used[slot] = True
-            table_keys[slot] = keys[c]
+            for j in range(keys.shape[1]):  # element loops: a row assignment compiles numba's
+                table_keys[slot, j] = keys[c, j]  # shape-error formatting, ~2 s of a cold start
         table_g[slot] = gc
-        states[n_nodes] = flat[c]
+        for j in range(flat.shape[1]):
+            states[n_nodes, j] = flat[c, j]
         parent[n_nodes], action[n_nodes], g[n_nodes] = p, c % n_actions, gc
         size = heap_push(hf, hn, size, weight * gc + h[c], n_nodes)
         n_nodes += 1
