@@ -148,30 +148,58 @@ def select_distinct(keys, width, start, table, out_idx, count):
     """Scan keys[start:] (rows in priority order) and append the indices of rows whose key is
     new to out_idx, until `count` reaches width. table (a power of two >= 2 * width, -1 =
     empty) holds the rows already taken and carries over between calls. Returns count."""
-    m, k_n = keys.shape
-    size = table.shape[0]
-    for c in range(start, m):
+    for c in range(start, keys.shape[0]):
         if count >= width:
             break
-        h = _state_hash(keys[c])
-        slot = np.int64(h & np.uint64(size - 1))
-        dup = False
-        while table[slot] >= 0:
-            o = table[slot]
-            same = True
-            for j in range(k_n):
-                if keys[o, j] != keys[c, j]:
-                    same = False
-                    break
-            if same:
-                dup = True
+        count = _take_if_new(keys, c, table, out_idx, count)
+    return count
+
+
+@njit(cache=True, nogil=True)
+def _take_if_new(keys, c, table, out_idx, count):
+    """Append row c to out_idx[:count] unless a row with its key is in table already (then
+    table gets it); returns the new count."""
+    k_n = keys.shape[1]
+    size = table.shape[0]
+    slot = np.int64(_state_hash(keys[c]) & np.uint64(size - 1))
+    while table[slot] >= 0:
+        o = table[slot]
+        same = True
+        for j in range(k_n):
+            if keys[o, j] != keys[c, j]:
+                same = False
                 break
-            slot = (slot + 1) & (size - 1)
-        if dup:
-            continue
-        table[slot] = c
-        out_idx[count] = c
-        count += 1
+        if same:
+            return count
+        slot = (slot + 1) & (size - 1)
+    table[slot] = c
+    out_idx[count] = c
+    return count + 1
+
+
+@njit(cache=True, nogil=True)
+def select_in_order(scores, keys, width, hf, hn, table, out_idx):
+    """The first `width` rows with distinct keys (M, K) in the order of a stable argsort of
+    scores (M,) (by score, then row; NaN last) into out_idx; returns their count. hf, hn
+    (M,) hold a heap of (score, row) that is popped only as far as needed; table (a power
+    of two >= 2 * width) is cleared here."""
+    size = 0
+    for i in range(scores.shape[0]):
+        if scores[i] == scores[i]:
+            hf[size], hn[size] = scores[i], i
+            size += 1
+    for i in range(size // 2 - 1, -1, -1):  # heapify bottom-up: O(M), where M pushes cost O(M log M)
+        _sift_down(hf, hn, i, size)
+    table[:] = -1
+    count = 0
+    while size > 0 and count < width:
+        i, size = heap_pop(hf, hn, size)
+        count = _take_if_new(keys, i, table, out_idx, count)
+    for i in range(scores.shape[0]):
+        if count >= width:
+            break
+        if scores[i] != scores[i]:
+            count = _take_if_new(keys, i, table, out_idx, count)
     return count
 
 
@@ -184,39 +212,44 @@ def hash_table(width):
 
 def select_beam(policy, kids, scores, width, out_idx, keys=None):
     """Indices of the `width` best (lowest score) distinct positions among kids (M, S), compared
-    by the policy's position keys (raw stickers for a policy without them). Keys are computed
-    down the score order only as far as W distinct ones need, unless given for every child
-    (keys (M, K)). Returns the count.
+    by the policy's position keys (raw stickers for a policy without them). Returns the count.
 
-    Only the best 3W scores are ordered at first (a partition, then a sort of those by score
-    and index, which is a stable sort's order): sorting all W x A children took 1.2 ms a
-    depth at W = 1024, a tenth of the depth. Only if those hold fewer than W distinct
-    positions is everything sorted and the selection redone. (The result can differ from
-    sorting everything only among children tied in score with the 3W-th.)"""
+    Where every child's key is at hand (keys (M, K) given, or the raw stickers) one kernel
+    pops a heap of (score, index) until W distinct keys are found: the order of a stable
+    sort, without sorting all W x A children (that took 1.2 ms a depth at W = 1024, a tenth
+    of the depth) and without numpy's per-call overheads at small W. Else keys are computed
+    down the score order only as far as W distinct ones need: only the best 3W scores are
+    ordered at first (a partition, then a sort of those by score and index), and only if
+    those hold fewer than W distinct positions is everything sorted and the selection
+    redone (the result can differ from sorting everything only among children tied in
+    score with the 3W-th)."""
+    if keys is None and getattr(policy, "position_keys", None) is None:
+        keys = kids  # a policy without position keys compares the states themselves
     m = scores.shape[0]
+    if keys is not None:  # every key at hand: one kernel, the exact stable order
+        return select_in_order(scores, np.ascontiguousarray(keys, dtype=np.uint8), width, np.empty(m, np.float64),
+                               np.empty(m, np.int64), hash_table(width), out_idx)
     head = min(m, 3 * width)
     if head < m:
         top = np.argpartition(scores, head - 1)[:head]
-        count = _select_down(policy, kids, top[np.lexsort((top, scores[top]))], width, out_idx, keys)
+        count = _select_down(policy, kids, top[np.lexsort((top, scores[top]))], width, out_idx)
         if count == width:
             return count
-    return _select_down(policy, kids, np.argsort(scores, kind="stable"), width, out_idx, keys)
+    return _select_down(policy, kids, np.argsort(scores, kind="stable"), width, out_idx)
 
 
-def _select_down(policy, kids, order, width, out_idx, all_keys=None):
+def _select_down(policy, kids, order, width, out_idx):
     """select_beam's scan: the first `width` distinct positions of kids[order], keys computed
-    (or taken from all_keys) for the first 3W, then in doubling chunks while more are needed."""
-    def keys_of(rows):
-        return position_keys(policy, kids[rows]) if all_keys is None else all_keys[rows]
-
+    for the first 3W, then in doubling chunks while more are needed."""
     m = order.shape[0]
     table = hash_table(width)
     sel = np.empty(width, np.int64)
-    keys = keys_of(order[:min(m, 3 * width)])
+    keys = position_keys(policy, kids[order[:min(m, 3 * width)]])
     count = select_distinct(keys, width, 0, table, sel, 0)
     while count < width and keys.shape[0] < m:  # many equivalent children: look further down
         done = keys.shape[0]
-        keys = np.concatenate([keys, keys_of(order[done:min(m, 2 * done)])])
+        more = position_keys(policy, kids[order[done:min(m, 2 * done)]])
+        keys = np.concatenate([keys, more])
         count = select_distinct(keys, width, done, table, sel, count)
     out_idx[:count] = order[sel[:count]]
     return count
@@ -266,30 +299,39 @@ def cost_to_go(q, gamma):
     return np.log(np.maximum(1.0 - (1.0 - gamma) * c, 1e-12)) / np.log(gamma)
 
 
-@njit(cache=True, nogil=True)
-def _before(hf, hn, i, j):
-    """Whether heap entry i orders before entry j: by f, then by node number (heapq's tuple order)."""
-    return hf[i] < hf[j] or (hf[i] == hf[j] and hn[i] < hn[j])
-
-
-@njit(cache=True, nogil=True)
-def _swap(hf, hn, i, j):
-    hf[i], hf[j] = hf[j], hf[i]
-    hn[i], hn[j] = hn[j], hn[i]
-
+# The heap's entries are (f, node) in two arrays, ordered by f, then node (heapq's order for
+# such tuples). The comparisons are written out in each kernel: with small njit helpers
+# taking the arrays, heapifying 768 entries took 17-20 us instead of 2.3 (one-off timing).
 
 @njit(cache=True, nogil=True)
 def heap_push(hf, hn, size, f, node):
     """Push (f, node) on the binary min-heap hf[:size], hn[:size]; returns the new size."""
     i = size
-    hf[i], hn[i] = f, node
     while i > 0:
         up = (i - 1) // 2
-        if not _before(hf, hn, i, up):
+        if not (f < hf[up] or (f == hf[up] and node < hn[up])):
             break
-        _swap(hf, hn, i, up)
+        hf[i], hn[i] = hf[up], hn[up]
         i = up
+    hf[i], hn[i] = f, node
     return size + 1
+
+
+@njit(cache=True, nogil=True)
+def _sift_down(hf, hn, i, size):
+    """Move entry i down the heap hf[:size], hn[:size] until its children order after it."""
+    f, node = hf[i], hn[i]
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and (hf[c + 1] < hf[c] or (hf[c + 1] == hf[c] and hn[c + 1] < hn[c])):
+            c += 1
+        if not (hf[c] < f or (hf[c] == f and hn[c] < node)):
+            break
+        hf[i], hn[i] = hf[c], hn[c]
+        i = c
+    hf[i], hn[i] = f, node
 
 
 @njit(cache=True, nogil=True)
@@ -298,17 +340,7 @@ def heap_pop(hf, hn, size):
     node = hn[0]
     size -= 1
     hf[0], hn[0] = hf[size], hn[size]
-    i = np.int64(0)  # not a literal 0: numba would compile _before for it separately
-    while True:
-        least, left = i, 2 * i + 1
-        if left < size and _before(hf, hn, left, least):
-            least = left
-        if left + 1 < size and _before(hf, hn, left + 1, least):
-            least = left + 1
-        if least == i:
-            break
-        _swap(hf, hn, i, least)
-        i = least
+    _sift_down(hf, hn, np.int64(0), size)  # not a literal 0: numba would compile it for that too
     return node, size
 
 

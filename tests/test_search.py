@@ -209,9 +209,19 @@ def test_a_failing_threaded_solve_stops_instead_of_solving_every_cube():
     assert Failing.calls < 20
 
 
+class StickerKeys:
+    """A policy whose position keys are the stickers: select_beam keys lazily, down the order."""
+
+    def position_keys(self, states):
+        return np.array(states, np.uint8)
+
+
+@pytest.mark.parametrize("policy", [None, StickerKeys()])
 @pytest.mark.parametrize("crowded", [False, True])
-def test_select_beam_equals_taking_the_first_distinct_in_sorted_order(crowded):
-    """Partition path, and (crowded: the 3W best are all one position) the full-sort path."""
+def test_select_beam_equals_taking_the_first_distinct_in_sorted_order(crowded, policy):
+    """Every key at hand (no policy: the stickers), one kernel; keys computed lazily
+    (StickerKeys): the partition path, and (crowded: the 3W best are all one position) the
+    full-sort path."""
     rng = np.random.default_rng(7)
     pool = np.stack([apply_moves(P2, P2.solved, rng.integers(0, 12, 6)) for _ in range(40)])
     kids = np.ascontiguousarray(pool[rng.integers(0, 40, 200)])
@@ -226,8 +236,39 @@ def test_select_beam_equals_taking_the_first_distinct_in_sorted_order(crowded):
             seen.add(kids[i].tobytes())
             want.append(int(i))
     out = np.empty(width, np.int64)
-    n = select_beam(None, kids, scores, width, out)
+    n = select_beam(policy, kids, scores, width, out)
     assert out[:n].tolist() == want and n == width
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_select_in_order_is_a_stable_argsort_with_duplicates_skipped(seed):
+    """Many tied scores, NaNs (last, by index), duplicate keys, and widths beyond the
+    number of distinct keys: the first `width` distinct rows of np.argsort(kind="stable")."""
+    from cubedqn.search import select_in_order
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 300))
+    scores = rng.integers(-3, 4, m).astype(np.float64) * 0.5
+    scores[rng.random(m) < 0.1] = np.nan
+    scores[rng.random(m) < 0.05] = -0.0
+    keys = rng.integers(0, 4, (m, 3)).astype(np.uint8)  # at most 64 distinct keys
+    width = int(rng.integers(1, 80))
+    want, seen = [], set()
+    for i in np.argsort(scores, kind="stable"):
+        if keys[i].tobytes() not in seen and len(want) < width:
+            seen.add(keys[i].tobytes())
+            want.append(int(i))
+    out = np.full(width, -1, np.int64)
+    n = select_in_order(scores, keys, width, np.empty(m), np.empty(m, np.int64), hash_table(width), out)
+    assert out[:n].tolist() == want
+
+
+def test_select_in_order_takes_nan_scores_last_by_index():
+    from cubedqn.search import select_in_order
+    scores = np.array([np.nan, 1.0, np.nan, 0.0, 1.0])
+    keys = np.arange(5, dtype=np.uint8)[:, None]
+    out = np.empty(5, np.int64)
+    n = select_in_order(scores, keys, 5, np.empty(5), np.empty(5, np.int64), hash_table(5), out)
+    assert out[:n].tolist() == [3, 1, 4, 0, 2]
 
 
 @pytest.mark.parametrize("n_a", [12, 18])
