@@ -624,6 +624,11 @@ class Policy:
         """Rows equal exactly for equivalent positions (see Encoder.position_keys)."""
         return self.encoder.position_keys(states)
 
+    @property
+    def keys_are_states(self) -> bool:
+        """Whether position_keys returns the stickers as they are (no frames: the 3x3x3)."""
+        return not self.encoder.framed
+
     def q_values(self, states) -> np.ndarray:
         states = np.ascontiguousarray(np.atleast_2d(states), dtype=np.uint8)
         if self.views == 1:

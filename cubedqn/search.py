@@ -223,8 +223,8 @@ def select_beam(policy, kids, scores, width, out_idx, keys=None):
     those hold fewer than W distinct positions is everything sorted and the selection
     redone (the result can differ from sorting everything only among children tied in
     score with the 3W-th)."""
-    if keys is None and getattr(policy, "position_keys", None) is None:
-        keys = kids  # a policy without position keys compares the states themselves
+    if keys is None and (getattr(policy, "position_keys", None) is None or getattr(policy, "keys_are_states", False)):
+        keys = kids  # the states themselves are the keys
     m = scores.shape[0]
     if keys is not None:  # every key at hand: one kernel, the exact stable order
         return select_in_order(scores, np.ascontiguousarray(keys, dtype=np.uint8), width, np.empty(m, np.float64),

@@ -421,3 +421,22 @@ def test_astar_equals_the_heapq_reference(weight, inputs, symmetry):
         assert got == astar_reference(policy, state, MOVES, 12, **kw)
         results.append(got)
     assert any(r is None for r in results) and sum(r is not None for r in results) > 10
+
+
+@pytest.mark.parametrize("puzzle,encoder,same", [("cube3", {}, True),
+                                                 ("cube2", dict(inputs="stickers", canonical=False), True),
+                                                 ("cube2", dict(inputs="stickers", symmetry=48), False),
+                                                 ("cube2", dict(inputs="pairs"), False)])
+def test_keys_are_states_exactly_when_position_keys_are_the_stickers(puzzle, encoder, same):
+    """select_beam takes the stickers as the keys (its one-kernel path) where the policy
+    says so: it must say so only where position_keys returns them unchanged."""
+    pz = get_puzzle(puzzle)
+    enc = Encoder(pz, 12, **encoder)
+    policy = Policy(MLP(Layout(enc.in_dim, enc.n_active, (16,), 12), seed=1), enc)
+    rng = np.random.default_rng(0)
+    states = np.stack([apply_moves(pz, pz.solved, rng.integers(0, 12, 7)) for _ in range(20)])
+    assert policy.keys_are_states == same
+    if same:
+        assert np.array_equal(policy.position_keys(states), states)
+    else:
+        assert not np.array_equal(policy.position_keys(states), states)
