@@ -14,10 +14,11 @@ position_keys compare raw stickers.
 Beam search (Q*-style): a parent's single forward pass scores all of its children, since
 Q(s, a) estimates -(1 + cost-to-go of child a). A beam of width W therefore costs W
 forward rows per depth, not W x actions. Children are deduplicated exactly (hash of the
-position key, then a byte comparison) and the W best distinct ones form the next beam;
-keys are computed only for the best-scored children, until W distinct ones are found
-(where the policy gives every child's key from its table, encoding.Policy.q_values_and_child_keys,
-those are used instead).
+position key, then a byte comparison) and the W best distinct ones form the next beam.
+Where every child's key is at hand (the policy's table of positions gives them,
+encoding.Policy.q_values_and_child_keys, or the keys are the stickers themselves) one
+kernel selects them (select_in_order); else keys are computed only for the best-scored
+children, until W distinct ones are found.
 
 Weighted A* (DeepCubeA's batched BWAS): f = weight * g + h, h read off the parent's
 Q-values the same way, a batch of lowest-f nodes expanded per forward pass; the open set
@@ -157,8 +158,8 @@ def select_distinct(keys, width, start, table, out_idx, count):
 
 @njit(cache=True, nogil=True)
 def _take_if_new(keys, c, table, out_idx, count):
-    """Append row c to out_idx[:count] unless a row with its key is in table already (then
-    table gets it); returns the new count."""
+    """Append row c to out_idx[:count] and its index to table unless a row with the same key
+    is in table already; returns the new count."""
     k_n = keys.shape[1]
     size = table.shape[0]
     slot = np.int64(_state_hash(keys[c]) & np.uint64(size - 1))
