@@ -56,9 +56,12 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import overload
 
-from . import tile_bf16, tile_gemm
+from . import team, tile_bf16, tile_gemm
 
 SYMBOL = "cubedqn_sgemm64"
+# the bias-and-ReLU GEMM the kernels call (gemm_bias_relu): the team's, the tile's, or one
+# that does nothing and returns 0
+BIAS_SYMBOL = "cubedqn_sgemm_bias"
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 CHOICES = ("numpy", "scipy")
 
@@ -68,7 +71,7 @@ SGEMM_SIG = types.void(_i32, _i32, _i32, _i64, _i64, _i64, _f32, _fp, _i64, _fp,
 _sgemm = types.ExternalFunction(SYMBOL, SGEMM_SIG)
 # tile_gemm's C = A @ B + bias (ReLU if relu): 1 when done, 0 when the caller must do it
 BIAS_SIG = types.int64(_i64, _i64, _i64, _fp, _i64, _fp, _i64, _fp, _i64, _fp, _i64)
-_sgemm_bias = types.ExternalFunction(tile_gemm.TILE_BIAS, BIAS_SIG)
+_sgemm_bias = types.ExternalFunction(BIAS_SYMBOL, BIAS_SIG)
 _CTYPES_SIG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
@@ -346,13 +349,13 @@ def _check_bias(fn, sgemm) -> bool:
 
 
 def _bind_no_bias():
-    """TILE_BIAS where the tile is not bound: does nothing, returns 0 (the caller's pass)."""
+    """BIAS_SYMBOL where the tile is not bound: does nothing, returns 0 (the caller's pass)."""
     @cfunc(BIAS_SIG, cache=True)
     def not_done(m, n, k, a, lda, b, ldb, c, ldc, bias, relu):
         return 0
 
     _KEEP.append(not_done)
-    llb.add_symbol(tile_gemm.TILE_BIAS, not_done.address)
+    llb.add_symbol(BIAS_SYMBOL, not_done.address)
 
 
 def _bind_tile(library_address):
@@ -379,6 +382,7 @@ def _bind_tile(library_address):
         _bind_no_bias()
         return None, "not used: it failed the check on small products"
     llb.add_symbol(SYMBOL, address)
+    llb.add_symbol(BIAS_SYMBOL, bias_address)
     return engine, None
 
 
@@ -409,6 +413,101 @@ TILE_WANTED = _TILE_ENV != "0"
 BACKEND, BACKEND_INFO, CONFIG_PROBLEM, _LIBRARY_ADDRESS = _bind()
 _TILE_ENGINE, TILE_STATUS = _bind_tile(_LIBRARY_ADDRESS)
 TILE = _TILE_ENGINE is not None  # tile_gemm.py takes the products it is faster on
+
+
+def _bind_team():
+    """Put team.py's wrappers in front of whatever SYMBOL and BIAS_SYMBOL are bound to now
+    (the tile, or the library and a bias that leaves it to the caller); returns (engine or
+    None, why not). CUBEDQN_TEAM=0 leaves them as they are."""
+    if os.environ.get("CUBEDQN_TEAM", "1").strip() == "0":
+        return None, "off (CUBEDQN_TEAM=0)"
+    llb.add_symbol(team.INNER_SGEMM, llb.address_of_symbol(SYMBOL))
+    llb.add_symbol(team.INNER_BIAS, llb.address_of_symbol(BIAS_SYMBOL))
+    try:
+        engine, _ = team.compile_team()
+    except Exception as e:  # an LLVM that cannot target this CPU
+        return None, f"not used: {e}"
+    llb.add_symbol(SYMBOL, engine.get_function_address(team.TEAM_SGEMM))
+    llb.add_symbol(BIAS_SYMBOL, engine.get_function_address(team.TEAM_BIAS))
+    return engine, None
+
+
+_TEAM_ENGINE, TEAM_STATUS = _bind_team()
+_team_checked = None  # None: not yet; then whether the split products came out right
+
+
+def _check_team() -> bool:
+    """With the workers on: do products the team splits (column chunks, the last one wider,
+    B as is and transposed, A transposed, two K blocks) give the inner function's bits, and
+    the bias version its bits and its answer?"""
+    split = _CTYPES_SIG(_TEAM_ENGINE.get_function_address(team.TEAM_SGEMM))
+    inner = _CTYPES_SIG(llb.address_of_symbol(team.INNER_SGEMM))
+    rng = np.random.default_rng(4)
+    for ta, tb, m, n, k in ((NO_TRANS, NO_TRANS, 17, 100, 300), (NO_TRANS, TRANS, 9, 260, 64),
+                            (TRANS, NO_TRANS, 40, 129, 64), (NO_TRANS, NO_TRANS, 64, 256, 256)):
+        a, b, _, _ = _check_operands(rng, m, n, k, ta, tb)
+        outs = []
+        for fn in (split, inner):
+            buf = np.full((m, n + 1), np.nan, np.float32)
+            fn(ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0.0,
+               buf.ctypes.data, n + 1)
+            outs.append(buf)
+        if not np.array_equal(outs[0], outs[1], equal_nan=True):
+            return False
+    split_bias = _BIAS_CTYPES(_TEAM_ENGINE.get_function_address(team.TEAM_BIAS))
+    inner_bias = _BIAS_CTYPES(llb.address_of_symbol(team.INNER_BIAS))
+    m, n, k = 33, 200, 300
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    outs = []
+    for fn in (split_bias, inner_bias):
+        buf = np.full((m, n), np.nan, np.float32)
+        outs.append((fn(m, n, k, a.ctypes.data, k, b.ctypes.data, n, buf.ctypes.data, n, bias.ctypes.data, 1), buf))
+    return outs[0][0] == outs[1][0] and np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
+
+
+def team_problem():
+    """None where set_team can split products over workers, else why not (one line)."""
+    if _TEAM_ENGINE is None:
+        return f"the GEMM team (team.py) is {TEAM_STATUS}"
+    if _team_checked is False:
+        return "the GEMM team (team.py) is not used: it failed the check on split products"
+    return None
+
+
+def set_team(workers: int) -> int:
+    """Split the engine's larger products over `workers` resident threads besides the
+    caller (0: none); returns how many are in use (0 where team_problem() says why). The
+    first call with workers > 0 starts them and checks the split products (a few ms)."""
+    global _team_checked
+    if team_problem():
+        return 0
+    setter = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)(_TEAM_ENGINE.get_function_address(team.SET_TEAM))
+    if workers > 0 and _team_checked is None:
+        from threadpoolctl import threadpool_limits
+        setter(1)
+        with threadpool_limits(limits=1, user_api="blas"):  # as in the team mode (threads.limit_threads)
+            _team_checked = _check_team()
+        if not _team_checked:
+            setter(0)
+            return 0
+    return int(setter(max(0, int(workers))))
+
+
+def team_workers() -> int:
+    """Workers the team uses now (0 where it is off or absent)."""
+    return team_stats()["workers"]
+
+
+def team_stats() -> dict:
+    """{"workers": in use now, "split": products split, "taken": chunks workers took}; the
+    counts since the process started."""
+    if _TEAM_ENGINE is None:
+        return {"workers": 0, "split": 0, "taken": 0}
+    out = (ctypes.c_int64 * 3)()
+    ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_TEAM_ENGINE.get_function_address(team.TEAM_STATS))(ctypes.addressof(out))
+    return {"workers": int(out[2]), "split": int(out[0]), "taken": int(out[1])}
 
 
 def _check_bf16(sgemm, bias_gemm) -> bool:

@@ -149,6 +149,8 @@ def blas_info() -> dict:
     """The BLAS the kernels' float32 GEMMs run on (blas.BACKEND: numpy's bundled OpenBLAS,
     or scipy's, which numba's np.dot uses), its kernel and threads."""
     from threadpoolctl import threadpool_info
+
+    from .threads import gemm_threads
     infos = [i for i in threadpool_info() if i.get("user_api") == "blas"]
     if blas.BACKEND == "numpy":  # the library blas.py bound (read again: threads may have changed)
         pick = next((i for i in infos if i.get("filepath") == blas.BACKEND_INFO["filepath"]), blas.BACKEND_INFO)
@@ -157,7 +159,11 @@ def blas_info() -> dict:
     return {"library": pick.get("internal_api", "unknown"), "version": pick.get("version"),
             "kernel": pick.get("architecture"), "threads": pick.get("num_threads"), "source": blas.BACKEND,
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
-            "tile_gemm": "on" if blas.TILE else blas.TILE_STATUS}
+            "tile_gemm": "on" if blas.TILE else blas.TILE_STATUS,
+            # team.py: workers that share the larger products' columns with the caller now
+            # (--threads T: T - 1, the BLAS then on one thread), or why there are none
+            "gemm_team": blas.team_problem() or f"{blas.team_workers()} worker(s)",
+            "gemm_threads": gemm_threads()}
 
 
 def cpu_info() -> dict:
@@ -254,11 +260,11 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     kept = trainer.blas_tuner.current if trainer.blas_tuner is not None else cfg.threads
     peak_kept = None
     if trainer.blas_tuner is not None:  # the peak and the BLAS info at the thread count asked for
-        from .threads import set_blas_threads
+        from .threads import set_gemm_threads
         if kept != cfg.threads:  # and the peak at the count the loop ran with at the end
-            set_blas_threads(kept)
+            set_gemm_threads(kept)
             peak_kept = peak_gflops(dtype)
-        set_blas_threads(cfg.threads)
+        set_gemm_threads(cfg.threads)
     # measured before and after the timed steps: on a shared host one reading can land in a
     # slow second; the higher one is the machine's rate (the one the percentages are against)
     peak = max(peak_before, peak_gflops(dtype))
@@ -379,8 +385,10 @@ def format_report(r: dict) -> str:
                  f"({m['replay_per_transition']} B/transition)")
     b = r["blas"]
     lines.append(f"BLAS: {b['library']} {b['version']} ({b.get('source', 'scipy')}'s) kernel {b['kernel']}, "
-                 f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}; "
-                 f"tile GEMM (tile_gemm.py; used while BLAS runs on one thread) {b.get('tile_gemm', 'absent')}")
+                 f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}; GEMMs on "
+                 f"{b.get('gemm_threads', b['threads'])} thread(s); "
+                 f"tile GEMM (tile_gemm.py; used while BLAS runs on one thread) {b.get('tile_gemm', 'absent')}; "
+                 f"GEMM team (team.py) {b.get('gemm_team', 'absent')}")
     if r.get("cpu"):
         lines.append(f"CPU: {describe_cpu(r['cpu'])}")
     if r.get("blas_probe"):

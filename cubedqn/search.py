@@ -534,7 +534,7 @@ def _solve_threaded(policy, states, moves, n_actions, search, beam_width, max_mo
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from threadpoolctl import threadpool_limits
+    from .threads import one_gemm_thread
     n = len(states)
     fork = getattr(policy, "fork", None)
     if fork is None:
@@ -552,7 +552,7 @@ def _solve_threaded(policy, states, moves, n_actions, search, beam_width, max_mo
     def share(part):
         return _solve_greedy(own_policy(), states[part], moves, max_moves)
 
-    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(threads) as pool:
+    with one_gemm_thread(), ThreadPoolExecutor(threads) as pool:
         if search == "greedy":
             parts = np.array_split(np.arange(n), threads)
             done = list(pool.map(share, parts))

@@ -9,15 +9,87 @@ slower steps). So the library is loaded first, then limited.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+
+_MODE = ["blas"]  # how limit_threads last gave the GEMMs their threads: "blas" or "team"
+
+
+class _Limits:
+    """What limit_threads replaced; as a context manager, puts back the BLAS limits, the
+    GEMM team size and the mode that were in place before it."""
+
+    def __init__(self, blas_limiter, team_before, mode_before):
+        self._blas, self._team_before, self._mode_before = blas_limiter, team_before, mode_before
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.restore()
+
+    def restore(self):
+        from . import blas
+        self._blas.restore_original_limits()
+        blas.set_team(self._team_before)
+        _MODE[0] = self._mode_before
+
 
 def limit_threads(threads: int):
-    """Limit numba and every loaded BLAS to `threads`; returns the threadpoolctl limiter."""
+    """Give numba and the engine's GEMMs `threads` threads: where the GEMM team can be had
+    (blas.set_team, team.py), the BLAS on one thread and threads - 1 team workers beside
+    the caller; else every loaded BLAS at `threads`. Returns a context manager that puts
+    back what was there before."""
     import numba
     import scipy.linalg.cython_blas  # noqa: F401  (loads the OpenBLAS that njit np.dot uses)
     from . import blas  # noqa: F401  (binds the GEMM's library before it is limited)
     from threadpoolctl import threadpool_limits
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
-    return threadpool_limits(limits=threads, user_api="blas")
+    before = _Limits(threadpool_limits(limits=None, user_api="blas"), blas.team_workers(), _MODE[0])
+    set_blas_threads(1)  # the team's products run the library (where it takes them) on one thread
+    if threads > 1 and blas.team_problem() is None and blas.set_team(threads - 1) == threads - 1:
+        _MODE[0] = "team"
+    else:
+        blas.set_team(0)
+        set_blas_threads(threads)
+        _MODE[0] = "blas"
+    return before
+
+
+def gemm_threads() -> int:
+    """Threads the engine's GEMMs run on now: the team's workers and the caller, or the
+    library's thread count."""
+    from . import blas
+    if _MODE[0] == "team":
+        return blas.team_workers() + 1
+    from threadpoolctl import threadpool_info
+    counts = [i.get("num_threads", 1) for i in threadpool_info() if i.get("user_api") == "blas"]
+    return max(counts) if counts else 1
+
+
+def set_gemm_threads(threads: int):
+    """The GEMMs on `threads` threads from now on (the tuner's switch): in the team mode
+    threads - 1 workers, else the BLAS's thread count."""
+    from . import blas
+    if _MODE[0] == "team":
+        blas.set_team(threads - 1)
+    else:
+        set_blas_threads(threads)
+
+
+@contextmanager
+def one_gemm_thread():
+    """The GEMMs on the calling thread alone for the block (threads of its own run
+    products side by side: eval --threads), what was there before restored after."""
+    from . import blas
+    from threadpoolctl import threadpool_limits
+    workers = blas.team_workers()
+    blas.set_team(0)
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
+    finally:
+        blas.set_team(workers)
 
 
 _CONTROLLER = None
@@ -71,12 +143,12 @@ class BlasThreadTuner:
     """
 
     def __init__(self, threads: int, interval_seconds: float = 30.0, block_seconds: float = 0.1,
-                 min_steps: int = 4, margin: float = 0.05, set_threads=set_blas_threads,
+                 min_steps: int = 4, margin: float = 0.05, set_threads=None,
                  check_seconds: float = 0.5, slowdown: float = 0.25):
         if threads < 2 or min_steps < 1 or block_seconds < 0 or interval_seconds < 0 or check_seconds < 0:
             raise ValueError("the tuner needs threads >= 2, min_steps >= 1 and non-negative times")
         self.threads, self.interval, self.block, self.min_steps = threads, interval_seconds, block_seconds, min_steps
-        self.margin, self.set_threads = margin, set_threads
+        self.margin, self.set_threads = margin, set_threads or set_gemm_threads
         self.check, self.slowdown = check_seconds, slowdown
         self.window = [0.0, 0]          # loop seconds, gradient steps since the last check (outside probes)
         self.schedule = (threads, 1, 1, threads)

@@ -373,7 +373,7 @@ def test_profile_reports_the_blas_thread_tuning(monkeypatch):
     d = json.loads(run(base + ["--steps", "1500"]).output)
     assert d["blas_threads"] in (1, 2) and set(d["blas_probe"]) == {"1", "2"}
     assert all(0 < v < 1 for v in d["blas_probe"].values())
-    assert d["blas"]["threads"] == 2  # the peak and BLAS info are read at the count asked for
+    assert d["blas"]["gemm_threads"] == 2  # the peak and BLAS info are read at the count asked for
     off = json.loads(run(base + ["--steps", "50", "--no-tune-blas-threads"]).output)
     assert off["blas_threads"] == 2 and off["blas_probe"] is None
 
@@ -384,13 +384,12 @@ def test_profile_reads_the_peak_at_the_blas_thread_count_it_ended_with(monkeypat
     its GEMM layers ran on one thread."""
     import cubedqn.dqn as dqn
     import cubedqn.profiling as profiling
-    from cubedqn.threads import BlasThreadTuner
-    from threadpoolctl import threadpool_info
+    from cubedqn.threads import BlasThreadTuner, gemm_threads
     monkeypatch.setattr(dqn, "BlasThreadTuner", lambda threads: BlasThreadTuner(threads, block_seconds=0.0, margin=1.0))
     counts, peak = [], profiling.peak_gflops
 
     def peak_noting_threads(*a, **k):
-        counts.append(max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"))
+        counts.append(gemm_threads())
         return peak(*a, **k)
 
     monkeypatch.setattr(profiling, "peak_gflops", peak_noting_threads)
@@ -399,7 +398,7 @@ def test_profile_reads_the_peak_at_the_blas_thread_count_it_ended_with(monkeypat
     d = json.loads(run(args + ["--json"]).output)
     assert d["blas_threads"] == 1 and d["threads"] == 2
     assert counts == [2, 1, 2]  # before the run, then at the count kept, then at the count asked for
-    assert d["peak_gflops_blas_threads"] > 0 and d["blas"]["threads"] == 2
+    assert d["peak_gflops_blas_threads"] > 0 and d["blas"]["gemm_threads"] == 2
     text = run(args).output
     assert "peak of the 1 BLAS thread(s) the run ended with" in text
     one = json.loads(run(args[:-4] + ["--threads", "1", "--steps", "50", "--json"]).output)

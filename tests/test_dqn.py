@@ -767,21 +767,30 @@ def test_blas_tuner_probes_again_when_t_threads_fall_behind_one():
     assert run_tuner(tuner, {1: 1.15, 2: 1.5}, 30) == [] and tuner.probes == 2
 
 
-def test_training_with_blas_thread_switches_equals_one_thread_bitwise():
-    """Probes switch the BLAS between 2 threads and 1 many times; the run's parameters are
-    the same bits as a one-thread run's (OpenBLAS splits rows and columns, not sums), where
-    the BLAS is row-exact (tests/blas_rows.py)."""
-    from cubedqn.threads import BlasThreadTuner, limit_threads, set_blas_threads
+@pytest.mark.parametrize("mode", ["team", "library"])
+def test_training_with_gemm_thread_switches_equals_one_thread_bitwise(mode):
+    """Probes switch the GEMMs between 2 threads and 1 many times; the run's parameters are
+    the same bits as a one-thread run's, where the BLAS is row-exact (tests/blas_rows.py):
+    with the team (team.py) every element is one inner call's whichever column chunk it
+    falls in; with the library's own threads (where there is no team), OpenBLAS splits
+    rows and columns, not sums."""
+    from cubedqn import blas
+    from cubedqn.threads import BlasThreadTuner, limit_threads, set_blas_threads, set_gemm_threads
+    if mode == "team" and blas.team_problem():
+        pytest.skip(blas.team_problem())
     base = dict(puzzle="cube2", hidden=(256, 256), n_envs=16, batch_size=64, learning_starts=64,
                 buffer_size=2000, steps=60, optimizer="adam", targets="double", input_encoding="stickers", seed=5)
+    switch = set_gemm_threads if mode == "team" else set_blas_threads
     try:
         limit_threads(1)
         one = Trainer(Config(**base, threads=1)).run()
         limit_threads(2)
+        if mode == "library":
+            blas.set_team(0)
         tuned = Trainer(Config(**base, threads=2))
         used = []
         tuned.blas_tuner = BlasThreadTuner(2, interval_seconds=0.0, block_seconds=0.0, min_steps=2,
-                                           set_threads=lambda n: used.append(n) or set_blas_threads(n))
+                                           set_threads=lambda n: used.append(n) or switch(n))
         tuned.run()
     finally:
         limit_threads(1)

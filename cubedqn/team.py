@@ -1,0 +1,332 @@
+"""Two or more threads on one GEMM: a product's columns shared with resident worker threads.
+
+What this file is: an LLVM IR module, compiled once per CPU and kept on disk like the tile
+GEMM (native.py), whose two functions wrap the engine's GEMM symbols (blas.py binds them
+in front of the tile GEMM, or of the library where there is no tile):
+
+  TEAM_SGEMM  the CBLAS ILP64 sgemm signature, in front of INNER_SGEMM;
+  TEAM_BIAS   tile_gemm's bias-and-ReLU signature, in front of INNER_BIAS (which returns 0
+              where it leaves the product to the caller: so does TEAM_BIAS then).
+
+With SET_TEAM(w) > 0 (`--threads w + 1`, threads.py), a row-major product with alpha 1,
+beta 0, N >= 2 x CHUNK_MIN columns and at least SPLIT_MACS multiply-adds is cut into
+column chunks (whole multiples of the tile's 32-column panel; the last takes the rest),
+published in one atomic word, and taken chunk by chunk by the calling thread and by
+whichever of the w workers are awake, each chunk one call of the inner function on that
+block of B's and C's columns. The caller never waits for a chunk no one has taken: a
+worker that sleeps or was descheduled costs nothing but its own share; the caller waits
+only for chunks a worker took and has not finished. Everything else (a smaller product,
+w = 0, another thread already splitting a product: eval's threads) calls the inner
+function as is.
+
+Why not OpenBLAS's own threads: at the step's shapes (64 x 256 x 256, ~40 us on one Zen 4
+core) OpenBLAS on two threads ran the GEMM layers 1.08x faster than on one
+(runs/perf25/report), and the tile (faster than OpenBLAS on one thread) takes products
+only while the library runs on one; the same products split by columns over two
+threads ran 1.82-1.86x (a numba prange over two halves, each a tile call; scripts and
+numbers in docs/performance-log.md, stop 33).
+
+Results: every element of C is computed by one inner call over the same K in the same
+order whichever chunk it falls in (the tile's panels and tail columns are the same; its
+rows and columns are independent, tests/test_team.py checks the bits), so w changes no
+result where the inner function's results do not depend on N.
+
+Workers: started by SET_TEAM (pthreads, never joined: they live as long as the process),
+each spins on the job word while it has work, and after SPIN_CYCLES of the time-stamp
+counter without a chunk it polls with usleep(IDLE_US); a worker whose index is at or past
+the team size in use sleeps IDLE_OFF_US between looks, so SET_TEAM(0) frees the CPUs
+within about that long.
+
+What it is not: a thread pool for anything but these two GEMM entry points, or a
+scheduler (no priorities, no affinity).
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from .native import declare, load_or_compile
+
+TEAM_SGEMM, TEAM_BIAS = "cubedqn_team_sgemm64", "cubedqn_team_sgemm_bias"
+INNER_SGEMM, INNER_BIAS = "cubedqn_team_inner_sgemm64", "cubedqn_team_inner_bias"
+SET_TEAM = "cubedqn_team_set"      # i32 (i32 w): use w workers (started if new); returns w in use
+TEAM_STATS = "cubedqn_team_stats"  # void (i64 out[3]): products split, chunks workers took, workers in use
+MAX_WORKERS = 15
+CHUNK_MIN = 32            # the tile's panel: chunks are whole panels
+SPLIT_MACS = 1 << 17      # ~1.2 us on one Zen 4 core; smaller products are not worth a hand-off
+SPIN_CYCLES = 1 << 22     # ~1.5 ms of TSC at ~2.5-3 GHz spinning after the last chunk
+IDLE_US, IDLE_OFF_US = 50, 2000
+ROW_MAJOR, NO_TRANS = 101, 111
+# the job: fields of the product being split, stored before the job word is published
+JOB_FIELDS = ("kind", "ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "bias", "relu", "width")
+
+
+def _sgemm_type():
+    i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+    fp = f32.as_pointer()
+    return ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, fp, i64, fp, i64, f32, fp, i64])
+
+
+def _bias_type():
+    i64, fp = ir.IntType(64), ir.FloatType().as_pointer()
+    return ir.FunctionType(i64, [i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64])
+
+
+def module_ir() -> str:
+    mod = ir.Module(name="cubedqn_team")
+    i1, i8p, i32, i64, f32 = ir.IntType(1), ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    fp = f32.as_pointer()
+
+    def c64(v):
+        return ir.Constant(i64, v)
+
+    def c32(v):
+        return ir.Constant(i32, v)
+
+    def global_(name, t, init):
+        g = ir.GlobalVariable(mod, t, name)
+        g.linkage, g.initializer = "internal", init
+        g.align = 64  # each on its own cache line: the job word is what the threads pass around
+        return g
+
+    active = global_("team_active", i32, c32(0))      # workers in use
+    started = global_("team_started", i32, c32(0))    # workers started (SET_TEAM only)
+    owner = global_("team_owner", i32, c32(0))        # 1 while a caller is splitting a product
+    # the job word: generation (bits 48-63), chunks (32-47), next chunk to take (0-31)
+    state = global_("team_state", i64, c64(0))
+    done = global_("team_done", i64, c64(0))          # chunks workers finished, this job
+    refused = global_("team_refused", i64, c64(0))    # an inner bias call returned 0, this job
+    split_count = global_("team_split", i64, c64(0))  # products split (statistics)
+    taken = global_("team_taken", i64, c64(0))        # chunks workers took (statistics)
+    job_t = ir.ArrayType(i64, len(JOB_FIELDS))
+    job = global_("team_job", job_t, ir.Constant(job_t, [0] * len(JOB_FIELDS)))
+
+    inner = declare(mod, INNER_SGEMM, _sgemm_type())
+    inner_bias = declare(mod, INNER_BIAS, _bias_type())
+    usleep = declare(mod, "usleep", ir.FunctionType(i32, [i32]))
+    yield_cpu = declare(mod, "sched_yield", ir.FunctionType(i32, []))
+    cycles = declare(mod, "llvm.readcyclecounter", ir.FunctionType(i64, []))
+    def field(b, name):
+        return b.gep(job, [c64(0), c64(JOB_FIELDS.index(name))])
+
+    def load_field(b, name):
+        return b.load_atomic(field(b, name), "monotonic", 8)
+
+    # --- one chunk: columns [i * width, ...) of the published job; returns the inner result
+    run = ir.Function(mod, ir.FunctionType(i64, [i64]), name="team_run_chunk")
+    run.linkage = "internal"
+    b = ir.IRBuilder(run.append_basic_block("entry"))
+    (i,) = run.args
+    f = {name: load_field(b, name) for name in JOB_FIELDS}
+    chunks = b.and_(b.lshr(b.load_atomic(state, "monotonic", 8), c64(32)), c64(0xFFFF))
+    j0 = b.mul(i, f["width"])
+    last = b.icmp_signed("==", i, b.sub(chunks, c64(1)))
+    width = b.select(last, b.sub(f["n"], j0), f["width"])
+    tb_as_is = b.icmp_signed("==", b.trunc(f["tb"], i32), c32(NO_TRANS))
+    a_ptr = b.inttoptr(f["a"], fp)
+    b_ptr = b.gep(b.inttoptr(f["b"], fp), [b.select(tb_as_is, j0, b.mul(j0, f["ldb"]))])
+    c_ptr = b.gep(b.inttoptr(f["c"], fp), [j0])
+    plain_bb, bias_bb = run.append_basic_block("plain"), run.append_basic_block("bias")
+    b.cbranch(b.icmp_signed("==", f["kind"], c64(0)), plain_bb, bias_bb)
+    b.position_at_end(plain_bb)
+    b.call(inner, [c32(ROW_MAJOR), b.trunc(f["ta"], i32), b.trunc(f["tb"], i32), f["m"], width, f["k"],
+                   ir.Constant(f32, 1.0), a_ptr, f["lda"], b_ptr, f["ldb"], ir.Constant(f32, 0.0), c_ptr, f["ldc"]])
+    b.ret(c64(1))
+    b.position_at_end(bias_bb)
+    bias_ptr = b.gep(b.inttoptr(f["bias"], fp), [j0])
+    b.ret(b.call(inner_bias, [f["m"], width, f["k"], a_ptr, f["lda"], b_ptr, f["ldb"], c_ptr, f["ldc"], bias_ptr,
+                              f["relu"]]))
+
+    def take_chunk(b, on_chunk):
+        """Emit: claim the next chunk of the job word (one atomic add); where that was a chunk
+        of its job, on_chunk(b, chunk index) runs. Returns (i1 whether a chunk was claimed)."""
+        old = b.atomic_rmw("add", state, c64(1), "acq_rel")
+        nxt = b.and_(old, c64(0xFFFFFFFF))
+        got = b.icmp_unsigned("<", nxt, b.and_(b.lshr(old, c64(32)), c64(0xFFFF)))
+        with b.if_then(got):
+            on_chunk(b, nxt)
+        return got
+
+    # --- a worker: its index in the pointer argument
+    worker = ir.Function(mod, ir.FunctionType(i8p, [i8p]), name="team_worker")
+    worker.linkage = "internal"
+    b = ir.IRBuilder(worker.append_basic_block("entry"))
+    me = b.ptrtoint(worker.args[0], i64)
+    t_start = b.call(cycles, [])
+    loop_bb = worker.append_basic_block("loop")
+    b.branch(loop_bb)
+    entry_end = b.block
+    b.position_at_end(loop_bb)
+    last_work = b.phi(i64, "last_work")  # TSC at the last chunk taken (or at a look while off)
+    last_work.add_incoming(t_start, entry_end)
+    in_use = b.icmp_signed("<", me, b.sext(b.load_atomic(active, "monotonic", 4), i64))
+    off_bb, on_bb = worker.append_basic_block("off"), worker.append_basic_block("on")
+    b.cbranch(in_use, on_bb, off_bb)
+    b.position_at_end(off_bb)  # not in the team now: look again later
+    b.call(usleep, [c32(IDLE_OFF_US)])
+    now_off = b.call(cycles, [])
+    last_work.add_incoming(now_off, b.block)
+    b.branch(loop_bb)
+    b.position_at_end(on_bb)
+    word = b.load_atomic(state, "acquire", 8)
+    open_ = b.icmp_unsigned("<", b.and_(word, c64(0xFFFFFFFF)), b.and_(b.lshr(word, c64(32)), c64(0xFFFF)))
+    claim_bb, idle_bb = worker.append_basic_block("claim"), worker.append_basic_block("idle")
+    b.cbranch(open_, claim_bb, idle_bb)
+    b.position_at_end(claim_bb)
+
+    def work(b, chunk):
+        result = b.call(run, [chunk])
+        with b.if_then(b.icmp_signed("==", result, c64(0))):
+            b.store_atomic(c64(1), refused, "monotonic", 8)
+        b.atomic_rmw("add", taken, c64(1), "monotonic")
+        b.atomic_rmw("add", done, c64(1), "release")
+
+    take_chunk(b, work)
+    now_work = b.call(cycles, [])
+    last_work.add_incoming(now_work, b.block)
+    b.branch(loop_bb)
+    b.position_at_end(idle_bb)  # nothing to take: spin a while, then poll slowly
+    # each look yields the CPU: where the scheduler put this worker beside the caller, a
+    # plain spin would take half of its time (bimodal runs, docs/performance-log.md)
+    b.call(yield_cpu, [])
+    now = b.call(cycles, [])
+    long_idle = b.icmp_unsigned(">", b.sub(now, last_work), c64(SPIN_CYCLES))
+    nap_bb, spin_bb = worker.append_basic_block("nap"), worker.append_basic_block("spin")
+    b.cbranch(long_idle, nap_bb, spin_bb)
+    b.position_at_end(nap_bb)
+    b.call(usleep, [c32(IDLE_US)])
+    last_work.add_incoming(last_work, b.block)  # keeps napping until a chunk comes
+    b.branch(loop_bb)
+    b.position_at_end(spin_bb)
+    last_work.add_incoming(last_work, b.block)
+    b.branch(loop_bb)
+
+    # --- SET_TEAM(w): start workers up to w, use w
+    create = declare(mod, "pthread_create", ir.FunctionType(i32, [i64.as_pointer(), i8p, worker.type, i8p]))
+    setter = ir.Function(mod, ir.FunctionType(i32, [i32]), name=SET_TEAM)
+    b = ir.IRBuilder(setter.append_basic_block("entry"))
+    want = setter.args[0]
+    want = b.select(b.icmp_signed("<", want, c32(0)), c32(0), want)
+    want = b.select(b.icmp_signed(">", want, c32(MAX_WORKERS)), c32(MAX_WORKERS), want)
+    tid = b.alloca(i64)
+    head_bb, body_bb, end_bb = (setter.append_basic_block(x) for x in ("start.head", "start.body", "start.end"))
+    b.branch(head_bb)
+    b.position_at_end(head_bb)
+    n_started = b.load(started)
+    b.cbranch(b.icmp_signed("<", n_started, want), body_bb, end_bb)
+    b.position_at_end(body_bb)
+    ok = b.call(create, [tid, ir.Constant(i8p, None), worker, b.inttoptr(b.sext(n_started, i64), i8p)])
+    fail_bb, next_bb = setter.append_basic_block("start.fail"), setter.append_basic_block("start.next")
+    b.cbranch(b.icmp_signed("==", ok, c32(0)), next_bb, fail_bb)
+    b.position_at_end(next_bb)
+    b.store(b.add(n_started, c32(1)), started)
+    b.branch(head_bb)
+    b.position_at_end(fail_bb)  # as many as could be started
+    b.branch(end_bb)
+    b.position_at_end(end_bb)
+    n_started = b.load(started)
+    use = b.select(b.icmp_signed("<", n_started, want), n_started, want)
+    b.store_atomic(use, active, "monotonic", 4)
+    b.ret(use)
+
+    stats = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64.as_pointer()]), name=TEAM_STATS)
+    b = ir.IRBuilder(stats.append_basic_block("entry"))
+    b.store(b.load_atomic(split_count, "monotonic", 8), stats.args[0])
+    b.store(b.load_atomic(taken, "monotonic", 8), b.gep(stats.args[0], [c64(1)]))
+    b.store(b.sext(b.load_atomic(active, "monotonic", 4), i64), b.gep(stats.args[0], [c64(2)]))
+    b.ret_void()
+
+    # --- the caller's side: split (kind 0 plain, 1 bias) or hand the product on as is
+    def emit_caller(fn, kind, args):
+        """args: dict of the job's fields as i64 (pointers as integers)."""
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        go, as_is = fn.append_basic_block("split.try"), fn.append_basic_block("as_is")
+        w = b.sext(b.load_atomic(active, "monotonic", 4), i64)
+        n, m, k = args["n"], args["m"], args["k"]
+        big = b.icmp_signed(">=", b.mul(b.mul(m, n), k), c64(SPLIT_MACS))
+        wide = b.icmp_signed(">=", n, c64(2 * CHUNK_MIN))
+        cond = b.and_(b.icmp_signed(">", w, c64(0)), b.and_(big, wide))
+        for extra in args.get("conds", ()):
+            cond = b.and_(cond, extra(b))
+        b.cbranch(cond, go, as_is)
+        b.position_at_end(go)
+        pair = b.cmpxchg(owner, c32(0), c32(1), "acquire", "monotonic")
+        lock_bb = fn.append_basic_block("split")
+        b.cbranch(b.extract_value(pair, 1), lock_bb, as_is)
+        b.position_at_end(lock_bb)
+        # chunks: two per thread where N allows (a late worker still finds work), whole panels
+        parts = b.mul(b.add(w, c64(1)), c64(2))
+        panels = b.sdiv(n, c64(CHUNK_MIN))
+        per = b.sdiv(b.add(panels, b.sub(parts, c64(1))), parts)  # panels per chunk, >= 1
+        width = b.mul(per, c64(CHUNK_MIN))
+        n_chunks = b.sdiv(n, width)  # the last chunk takes the columns past n_chunks * width
+        for name in JOB_FIELDS:
+            value = {"kind": c64(kind), "width": width}.get(name, args.get(name, c64(0)))
+            if isinstance(value.type, ir.PointerType):
+                value = b.ptrtoint(value, i64)
+            elif value.type == i32:
+                value = b.sext(value, i64)
+            b.store_atomic(value, field(b, name), "monotonic", 8)
+        b.store_atomic(c64(0), done, "monotonic", 8)
+        b.store_atomic(c64(0), refused, "monotonic", 8)
+        gen = b.add(b.lshr(b.load_atomic(state, "monotonic", 8), c64(48)), c64(1))
+        word = b.or_(b.shl(b.and_(gen, c64(0xFFFF)), c64(48)), b.shl(n_chunks, c64(32)))
+        b.store_atomic(word, state, "release", 8)
+        b.atomic_rmw("add", split_count, c64(1), "monotonic")
+        mine = b.alloca(i64)
+        b.store(c64(0), mine)
+        own_bb, own_end = fn.append_basic_block("own"), fn.append_basic_block("own.end")
+        b.branch(own_bb)
+        b.position_at_end(own_bb)
+
+        def work(b, chunk):
+            result = b.call(run, [chunk])
+            with b.if_then(b.icmp_signed("==", result, c64(0))):
+                b.store_atomic(c64(1), refused, "monotonic", 8)
+            b.store(b.add(b.load(mine), c64(1)), mine)
+
+        got = take_chunk(b, work)
+        b.cbranch(got, own_bb, own_end)
+        b.position_at_end(own_end)
+        others = b.sub(n_chunks, b.load(mine))
+        wait_bb, wait_body, wait_end = (fn.append_basic_block(x) for x in ("wait", "wait.body", "wait.end"))
+        b.branch(wait_bb)
+        b.position_at_end(wait_bb)
+        b.cbranch(b.icmp_signed("<", b.load_atomic(done, "acquire", 8), others), wait_body, wait_end)
+        b.position_at_end(wait_body)
+        b.call(yield_cpu, [])  # the worker may share this CPU
+        b.branch(wait_bb)
+        b.position_at_end(wait_end)
+        result = b.select(b.icmp_signed("!=", b.load_atomic(refused, "monotonic", 8), c64(0)), c64(0), c64(1))
+        b.store_atomic(c32(0), owner, "release", 4)
+        if kind == 0:
+            b.ret_void()
+        else:
+            b.ret(result)
+        b.position_at_end(as_is)
+        return b
+
+    fn = ir.Function(mod, _sgemm_type(), name=TEAM_SGEMM)
+    order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc = fn.args
+    b = emit_caller(fn, 0, {
+        "ta": ta, "tb": tb, "m": M, "n": N, "k": K, "lda": lda, "ldb": ldb, "ldc": ldc, "a": A, "b": B, "c": C,
+        "conds": (lambda b: b.icmp_signed("==", order, c32(ROW_MAJOR)),
+                  lambda b: b.fcmp_ordered("==", alpha, ir.Constant(f32, 1.0)),
+                  lambda b: b.fcmp_ordered("==", beta, ir.Constant(f32, 0.0)))})
+    b.call(inner, fn.args)
+    b.ret_void()
+
+    fn = ir.Function(mod, _bias_type(), name=TEAM_BIAS)
+    M, N, K, A, lda, B, ldb, C, ldc, bias, relu = fn.args
+    b = emit_caller(fn, 1, {
+        "ta": c64(NO_TRANS), "tb": c64(NO_TRANS), "m": M, "n": N, "k": K, "lda": lda, "ldb": ldb, "ldc": ldc,
+        "a": A, "b": B, "c": C, "bias": bias, "relu": relu})
+    b.ret(b.call(inner_bias, fn.args))
+    return str(mod)
+
+
+def compile_team():
+    """(engine, "cache" or "compiled") with TEAM_SGEMM, TEAM_BIAS, SET_TEAM and TEAM_STATS
+    bound; INNER_SGEMM and INNER_BIAS must be bound before. Raises where LLVM cannot
+    compile the IR here."""
+    return load_or_compile("team", __file__, module_ir, (TEAM_SGEMM, TEAM_BIAS, SET_TEAM, TEAM_STATS))

@@ -1,0 +1,187 @@
+"""The GEMM team (team.py): products split by columns over resident workers give the inner
+GEMM's bits, the workers take chunks, callers on threads of their own stay correct, and the
+--threads knob sets the team and the library as documented (threads.py)."""
+import threading
+import time
+
+import numpy as np
+import pytest
+from numba import njit
+
+from cubedqn import blas, team
+from cubedqn.threads import gemm_threads, limit_threads, one_gemm_thread, set_gemm_threads
+
+needs_team = pytest.mark.skipif(blas.team_problem() is not None, reason=str(blas.team_problem()))
+NO_TRANS, TRANS = blas.NO_TRANS, blas.TRANS
+
+
+@pytest.fixture
+def one_worker():
+    """The team on with one worker, the library on one thread (as limit_threads(2) leaves
+    them); everything back to one thread after."""
+    limits = limit_threads(2)
+    assert blas.team_workers() == 1
+    try:
+        yield
+    finally:
+        limits.restore()
+        limit_threads(1)
+
+
+def _sgemm(address):
+    return blas._CTYPES_SIG(address)
+
+
+def _call(fn, ta, tb, m, n, k, a, b):
+    """C (m x n, one spare column of NaN) from a CBLAS sgemm on the check operands."""
+    c = np.full((m, n + 1), np.nan, np.float32)
+    fn(blas.ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0.0,
+       c.ctypes.data, n + 1)
+    return c
+
+
+# (m, n, k, ta, tb): the step's products (forward, input and weight gradients), a last chunk
+# wider than the others (n not a multiple of the chunk), B transposed, A transposed (rows in
+# blocks past 256), K in two blocks, one row, and products too small or narrow to split
+SHAPES = [(64, 256, 256, NO_TRANS, NO_TRANS), (64, 256, 256, NO_TRANS, TRANS), (256, 256, 64, TRANS, NO_TRANS),
+          (17, 100, 300, NO_TRANS, NO_TRANS), (9, 260, 64, NO_TRANS, TRANS), (40, 129, 64, TRANS, NO_TRANS),
+          (1024, 512, 256, TRANS, NO_TRANS), (256, 512, 1024, NO_TRANS, NO_TRANS), (1, 4096, 64, NO_TRANS, NO_TRANS),
+          (64, 12, 256, NO_TRANS, NO_TRANS), (8, 64, 8, NO_TRANS, NO_TRANS)]
+
+
+@needs_team
+@pytest.mark.parametrize("m,n,k,ta,tb", SHAPES)
+def test_split_products_give_the_inner_gemms_bits(one_worker, m, n, k, ta, tb):
+    rng = np.random.default_rng(m * n + k)
+    a, b, op_a, op_b = blas._check_operands(rng, m, n, k, ta, tb)
+    before = blas.team_stats()["split"]
+    got = _call(_sgemm(blas.llb.address_of_symbol(blas.SYMBOL)), ta, tb, m, n, k, a, b)
+    splits = blas.team_stats()["split"] - before
+    want = _call(_sgemm(blas.llb.address_of_symbol(team.INNER_SGEMM)), ta, tb, m, n, k, a, b)
+    np.testing.assert_array_equal(got, want)  # the spare column untouched (NaN) in both
+    np.testing.assert_allclose(got[:, :n], op_a.astype(np.float64) @ op_b, rtol=1e-4, atol=1e-4)
+    # split exactly where the rule says (the caller was the only one splitting here)
+    assert splits == int(m * n * k >= team.SPLIT_MACS and n >= 2 * team.CHUNK_MIN)
+
+
+@needs_team
+@pytest.mark.parametrize("m,n,k,relu", [(64, 256, 256, True), (33, 200, 300, False), (128, 1000, 144, True),
+                                        (5, 64, 4096, True)])
+def test_split_bias_products_give_the_inner_bits_and_answer(one_worker, m, n, k, relu):
+    """The bias-and-ReLU GEMM split by columns: the same bits and the same answer as the
+    inner one, which may leave the product to the caller (returns 0, C untouched)."""
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    outs = []
+    for name in (blas.BIAS_SYMBOL, team.INNER_BIAS):
+        fn = blas._BIAS_CTYPES(blas.llb.address_of_symbol(name))
+        c = np.full((m, n), np.nan, np.float32)
+        outs.append((fn(m, n, k, a.ctypes.data, k, b.ctypes.data, n, c.ctypes.data, n, bias.ctypes.data, int(relu)),
+                     c))
+    assert outs[0][0] == outs[1][0]
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    if outs[0][0]:
+        want = a.astype(np.float64) @ b + bias
+        np.testing.assert_allclose(outs[0][1], np.maximum(want, 0) if relu else want, rtol=1e-4, atol=1e-4)
+    else:  # left to the caller: nothing written
+        assert np.isnan(outs[0][1]).all()
+
+
+@njit(nogil=True)
+def _products(a, b, c, reps):
+    for _ in range(reps):
+        blas.gemm(a, b, c)
+
+
+@needs_team
+def test_workers_take_chunks_and_the_team_goes_quiet_when_off(one_worker):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 256)).astype(np.float32)
+    c = np.empty((64, 256), np.float32)
+    want = (a.astype(np.float64) @ b)
+    start, deadline = blas.team_stats(), time.perf_counter() + 20
+    while blas.team_stats()["taken"] == start["taken"] and time.perf_counter() < deadline:
+        _products(a, b, c, 200)  # a worker that naps wakes within IDLE_US and then keeps up
+    stats = blas.team_stats()
+    assert stats["taken"] > start["taken"] and stats["split"] > start["split"]
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4)
+    blas.set_team(0)
+    off = blas.team_stats()
+    _products(a, b, c, 50)
+    assert blas.team_stats()["split"] == off["split"] and blas.team_workers() == 0
+
+
+@needs_team
+def test_callers_on_threads_of_their_own_share_the_team_correctly(one_worker):
+    """Several threads calling the GEMM at once while the team is on: one splits at a time
+    (the others run their products whole), every result is right."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((4, 64, 256)).astype(np.float32)
+    b = rng.standard_normal((4, 256, 256)).astype(np.float32)
+    want = [_call(_sgemm(blas.llb.address_of_symbol(team.INNER_SGEMM)), NO_TRANS, NO_TRANS, 64, 256, 256,
+                  a[i], b[i])[:, :256] for i in range(4)]
+    outs = [np.empty((64, 256), np.float32) for _ in range(4)]
+    bad = []
+
+    def work(i):
+        for _ in range(50):
+            _products(a[i], b[i], outs[i], 5)
+            if not np.array_equal(outs[i], want[i]):
+                bad.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+
+
+@needs_team
+def test_thread_knob_sets_the_team_and_the_library():
+    from threadpoolctl import threadpool_info
+
+    def library_threads():
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    limit_threads(1)
+    try:
+        assert gemm_threads() == 1 and blas.team_workers() == 0
+        with limit_threads(3):
+            assert blas.team_workers() == 2 and gemm_threads() == 3 and library_threads() == 1
+            set_gemm_threads(1)  # the tuner's switch
+            assert blas.team_workers() == 0 and gemm_threads() == 1
+            set_gemm_threads(3)
+            assert blas.team_workers() == 2
+            with one_gemm_thread():  # eval --threads: every thread's products whole
+                assert blas.team_workers() == 0 and library_threads() == 1
+            assert blas.team_workers() == 2
+        assert blas.team_workers() == 0 and gemm_threads() == 1  # as before the block
+        assert blas.set_team(-3) == 0
+    finally:
+        limit_threads(1)
+
+
+def test_a_team_that_cannot_be_had_leaves_the_library_its_threads(monkeypatch):
+    from threadpoolctl import threadpool_info
+    monkeypatch.setattr(blas, "team_problem", lambda: "the GEMM team (team.py) is off (CUBEDQN_TEAM=0)")
+    try:
+        limit_threads(2)
+        assert blas.team_workers() == 0 and gemm_threads() == 2
+        assert max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas") == 2
+    finally:
+        limit_threads(1)
+
+
+def test_team_off_by_environment_is_reported():
+    import subprocess
+    import sys
+    code = ("from cubedqn import blas; from cubedqn.threads import limit_threads, gemm_threads; "
+            "limit_threads(2); print(blas.team_problem(), blas.team_workers(), gemm_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "CUBEDQN_TEAM": "0"}).stdout.strip()
+    assert out == "the GEMM team (team.py) is off (CUBEDQN_TEAM=0) 0 2"
+
