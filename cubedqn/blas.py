@@ -429,6 +429,9 @@ def _bind_team():
         return None, f"not used: {e}"
     llb.add_symbol(SYMBOL, engine.get_function_address(team.TEAM_SGEMM))
     llb.add_symbol(BIAS_SYMBOL, engine.get_function_address(team.TEAM_BIAS))
+    # never disposed, not even while the interpreter shuts down: the workers run in its code
+    # until the process ends
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(engine))
     return engine, None
 
 
