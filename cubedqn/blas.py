@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -436,6 +437,7 @@ def _bind_team():
 
 
 _TEAM_ENGINE, TEAM_STATUS = _bind_team()
+_TEAM_LOCK = threading.Lock()
 _team_checked = None  # None: not yet; then whether the split products came out right
 
 
@@ -487,15 +489,16 @@ def set_team(workers: int) -> int:
     if team_problem():
         return 0
     setter = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)(_TEAM_ENGINE.get_function_address(team.SET_TEAM))
-    if workers > 0 and _team_checked is None:
-        from threadpoolctl import threadpool_limits
-        setter(1)
-        with threadpool_limits(limits=1, user_api="blas"):  # as in the team mode (threads.limit_threads)
-            _team_checked = _check_team()
-        if not _team_checked:
-            setter(0)
-            return 0
-    return int(setter(max(0, int(workers))))
+    with _TEAM_LOCK:  # SET_TEAM starts workers; ctypes lets go of the GIL around the call
+        if workers > 0 and _team_checked is None:
+            from threadpoolctl import threadpool_limits
+            setter(1)
+            with threadpool_limits(limits=1, user_api="blas"):  # as in the team mode (threads.limit_threads)
+                _team_checked = _check_team()
+            if not _team_checked:
+                setter(0)
+                return 0
+        return int(setter(max(0, int(workers))))
 
 
 def team_workers() -> int:

@@ -32,8 +32,9 @@ rows and columns are independent, tests/test_team.py checks the bits), so w chan
 result where the inner function's results do not depend on N.
 
 Workers: started by SET_TEAM (pthreads, never joined: they live as long as the process),
-each spins on the job word while it has work, and after SPIN_CYCLES of the time-stamp
-counter without a chunk it polls with usleep(IDLE_US); a worker whose index is at or past
+each spins on the job word while it has work (yielding the CPU at each look), after
+SPIN_CYCLES of the time-stamp counter without a chunk it polls with usleep(IDLE_US), after
+DOZE_CYCLES with usleep(IDLE_OFF_US); a worker whose index is at or past
 the team size in use sleeps IDLE_OFF_US between looks, so SET_TEAM(0) frees the CPUs
 within about that long.
 
@@ -55,6 +56,7 @@ MAX_WORKERS = 15
 CHUNK_MIN = 32            # the tile's panel: chunks are whole panels
 SPLIT_MACS = 1 << 17      # ~1.2 us on one Zen 4 core; smaller products are not worth a hand-off
 SPIN_CYCLES = 1 << 22     # ~1.5 ms of TSC at ~2.5-3 GHz spinning after the last chunk
+DOZE_CYCLES = 1 << 26     # ~25 ms: then the naps lengthen (an idle process costs ~500 wake-ups/s)
 IDLE_US, IDLE_OFF_US = 50, 2000
 ROW_MAJOR, NO_TRANS = 101, 111
 # the job: fields of the product being split, stored before the job word is published
@@ -194,7 +196,8 @@ def module_ir() -> str:
     nap_bb, spin_bb = worker.append_basic_block("nap"), worker.append_basic_block("spin")
     b.cbranch(long_idle, nap_bb, spin_bb)
     b.position_at_end(nap_bb)
-    b.call(usleep, [c32(IDLE_US)])
+    dozing = b.icmp_unsigned(">", b.sub(now, last_work), c64(DOZE_CYCLES))
+    b.call(usleep, [b.select(dozing, c32(IDLE_OFF_US), c32(IDLE_US))])
     last_work.add_incoming(last_work, b.block)  # keeps napping until a chunk comes
     b.branch(loop_bb)
     b.position_at_end(spin_bb)
