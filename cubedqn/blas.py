@@ -29,6 +29,12 @@ as PyTorch's `torch.set_float32_matmul_precision`; "float32" (the start) turns i
 The switch is bound and its kernel checked at the first `bf16_problem()` call, not at
 import.
 
+Threads: in front of all of that, team.py's wrappers are bound to SYMBOL and BIAS_SYMBOL
+(`CUBEDQN_TEAM=0` leaves them out): with `set_team(w)`, w > 0 (threads.limit_threads does
+it for --threads w + 1), larger products are split by columns between the caller and w
+resident workers, each chunk one call of what the wrapper stands in front of; with w = 0
+they only pass the call on.
+
 The choice lives in the symbol, not in the compiled kernels: a kernel loaded from Numba's
 cache calls `cubedqn_sgemm64` by name, so it stays valid when the choice changes. float64
 (gradient checks) always uses np.dot. Threads: `threads.limit_threads` limits every

@@ -90,7 +90,7 @@ class Config:
     minutes: float = 0.0                  # wall-clock limit (0: none); whichever comes first
     seed: int = 0
     threads: int = 1
-    tune_blas_threads: bool = True        # threads > 1: keep BLAS at that many if 5% faster than 1, else 1
+    tune_blas_threads: bool = True        # threads > 1: keep the GEMMs on that many if 5% faster than 1, else 1
     device: str = "cpu"
     log_interval: int = 1000
     checkpoint_interval: int = 0          # gradient steps between checkpoints (0: at the end)

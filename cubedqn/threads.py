@@ -1,10 +1,14 @@
-"""One `--threads` knob for both sides: Numba's own threads and the BLAS the kernels call.
+"""One `--threads` knob for both sides: Numba's own threads and the threads the GEMMs run on.
 
-The kernels' GEMMs run on numpy's bundled OpenBLAS or on scipy's (blas.py); numba's np.dot
-calls scipy's, which is loaded lazily on first use. A thread limit
-applied before it is loaded does not reach it (it then starts with one thread per core,
-and two such processes on two cores busy-wait against each other: measured here at ~4.6x
-slower steps). So the library is loaded first, then limited.
+The GEMMs get their threads from the GEMM team (team.py: T - 1 resident workers share each
+larger product's columns with the caller, the BLAS on one thread) where blas.py could bind
+it, else from the BLAS itself. The kernels' GEMMs run on numpy's bundled OpenBLAS or on
+scipy's (blas.py); numba's np.dot calls scipy's, which is loaded lazily on first use. A
+thread limit applied before it is loaded does not reach it (it then starts with one
+thread per core, and two such processes on two cores busy-wait against each other:
+measured here at ~4.6x slower steps). So the library is loaded first, then limited.
+`BlasThreadTuner` (the name kept from before the team) switches the GEMMs between T
+threads and one while training runs.
 """
 
 from __future__ import annotations

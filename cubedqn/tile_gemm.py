@@ -23,7 +23,8 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               the whole A, read once per panel, came from L3 and ran 0.8-1.0x OpenBLAS
               (Zen 4, hot: 1024 x 256 x 512 0.99-1.05x, 512 x 256 x 512 1.08x; in the
               cube3 step the backward GEMMs 150-265 us less).
-  the library everything else: BLAS threads > 1; K > K_MAX (the 3x3x3's 1024-wide
+  the library everything else: BLAS threads > 1 (with --threads T the GEMM team,
+              team.py, keeps the library on one thread and calls this on column chunks); K > K_MAX (the 3x3x3's 1024-wide
               layer outside Zen 4: 0.92-1.03x on Sapphire Rapids); a transposed A with
               K > 256 (1.0x); N < 8.
 
