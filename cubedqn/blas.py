@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -428,6 +429,8 @@ def _bind_team():
     None, why not). CUBEDQN_TEAM=0 leaves them as they are."""
     if os.environ.get("CUBEDQN_TEAM", "1").strip() == "0":
         return None, "off (CUBEDQN_TEAM=0)"
+    if sys.platform not in ("linux", "darwin"):  # its workers are pthreads
+        return None, f"not built on {sys.platform} (its workers are pthreads)"
     llb.add_symbol(team.INNER_SGEMM, llb.address_of_symbol(SYMBOL))
     llb.add_symbol(team.INNER_BIAS, llb.address_of_symbol(BIAS_SYMBOL))
     try:

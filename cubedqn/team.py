@@ -33,10 +33,11 @@ result where the inner function's results do not depend on N.
 
 Workers: started by SET_TEAM (pthreads, never joined: they live as long as the process),
 each spins on the job word while it has work (yielding the CPU at each look), after
-SPIN_CYCLES of the time-stamp counter without a chunk it polls with usleep(IDLE_US), after
-DOZE_CYCLES with usleep(IDLE_OFF_US); a worker whose index is at or past
-the team size in use sleeps IDLE_OFF_US between looks, so SET_TEAM(0) frees the CPUs
-within about that long.
+SPIN_LOOKS looks without a chunk it polls with usleep(IDLE_US), and after DOZE_NAPS such
+naps it sleeps on a condition variable until a caller posts a job (the caller wakes the
+sleepers it counts: a few microseconds, once after a long idle) or SET_TEAM runs; a worker
+whose index is at or past the team size in use sleeps there too, so an idle process and a
+team switched off cost no CPU.
 
 What it is not: a thread pool for anything but these two GEMM entry points, or a
 scheduler (no priorities, no affinity).
@@ -55,9 +56,9 @@ TEAM_STATS = "cubedqn_team_stats"  # void (i64 out[3]): products split, chunks w
 MAX_WORKERS = 15
 CHUNK_MIN = 32            # the tile's panel: chunks are whole panels
 SPLIT_MACS = 1 << 17      # ~1.2 us on one Zen 4 core; smaller products are not worth a hand-off
-SPIN_CYCLES = 1 << 22     # ~1.5 ms of TSC at ~2.5-3 GHz spinning after the last chunk
-DOZE_CYCLES = 1 << 26     # ~25 ms: then the naps lengthen (an idle process costs ~500 wake-ups/s)
-IDLE_US, IDLE_OFF_US = 50, 2000
+SPIN_LOOKS = 4096         # looks (a sched_yield each, ~0.2-0.4 us here) before the naps: ~1-2 ms
+DOZE_NAPS = 400           # naps of IDLE_US (~60 us each) before it sleeps until woken: ~25 ms
+IDLE_US = 50
 ROW_MAJOR, NO_TRANS = 101, 111
 # the job: fields of the product being split, stored before the job word is published
 JOB_FIELDS = ("kind", "ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "bias", "relu", "width")
@@ -107,7 +108,28 @@ def module_ir() -> str:
     inner_bias = declare(mod, INNER_BIAS, _bias_type())
     usleep = declare(mod, "usleep", ir.FunctionType(i32, [i32]))
     yield_cpu = declare(mod, "sched_yield", ir.FunctionType(i32, []))
-    cycles = declare(mod, "llvm.readcyclecounter", ir.FunctionType(i64, []))
+    # a mutex and a condition variable where workers that are off, or idle for long, sleep;
+    # 128 bytes each covers every platform's pthread types, initialised by the first SET_TEAM
+    sync_t = ir.ArrayType(ir.IntType(8), 128)
+    mutex_buf = global_("team_mutex", sync_t, ir.Constant(sync_t, None))
+    cond_buf = global_("team_cond", sync_t, ir.Constant(sync_t, None))
+    sleepers = global_("team_sleepers", i64, c64(0))  # workers waiting on the condition for a job
+    pthread = {name: declare(mod, f"pthread_{name}", ir.FunctionType(i32, args)) for name, args in (
+        ("mutex_init", [i8p, i8p]), ("cond_init", [i8p, i8p]), ("mutex_lock", [i8p]), ("mutex_unlock", [i8p]),
+        ("cond_wait", [i8p, i8p]), ("cond_broadcast", [i8p]))}
+
+    def mutex(b):
+        return b.bitcast(mutex_buf, i8p)
+
+    def cond(b):
+        return b.bitcast(cond_buf, i8p)
+
+    def wake_all(b):
+        """Wake every sleeping worker (under the mutex, so none misses it between its
+        last look and its wait)."""
+        b.call(pthread["mutex_lock"], [mutex(b)])
+        b.call(pthread["cond_broadcast"], [cond(b)])
+        b.call(pthread["mutex_unlock"], [mutex(b)])
     def field(b, name):
         return b.gep(job, [c64(0), c64(JOB_FIELDS.index(name))])
 
@@ -154,20 +176,32 @@ def module_ir() -> str:
     worker.linkage = "internal"
     b = ir.IRBuilder(worker.append_basic_block("entry"))
     me = b.ptrtoint(worker.args[0], i64)
-    t_start = b.call(cycles, [])
     loop_bb = worker.append_basic_block("loop")
     b.branch(loop_bb)
     entry_end = b.block
     b.position_at_end(loop_bb)
-    last_work = b.phi(i64, "last_work")  # TSC at the last chunk taken (or at a look while off)
-    last_work.add_incoming(t_start, entry_end)
+    # looks at the job word since the last chunk (or since the worker was last off); a look
+    # is one sched_yield, so this counts time without a clock (a cycle counter read traps
+    # on some ARM systems)
+    idle = b.phi(i64, "idle")
+    idle.add_incoming(c64(0), entry_end)
     in_use = b.icmp_signed("<", me, b.sext(b.load_atomic(active, "monotonic", 4), i64))
     off_bb, on_bb = worker.append_basic_block("off"), worker.append_basic_block("on")
     b.cbranch(in_use, on_bb, off_bb)
-    b.position_at_end(off_bb)  # not in the team now: look again later
-    b.call(usleep, [c32(IDLE_OFF_US)])
-    now_off = b.call(cycles, [])
-    last_work.add_incoming(now_off, b.block)
+    b.position_at_end(off_bb)  # not in the team now: sleep until SET_TEAM changes the size
+    b.call(pthread["mutex_lock"], [mutex(b)])
+    off_wait, off_end = worker.append_basic_block("off.wait"), worker.append_basic_block("off.end")
+    b.branch(off_wait)
+    b.position_at_end(off_wait)
+    still_off = b.icmp_signed(">=", me, b.sext(b.load_atomic(active, "monotonic", 4), i64))
+    off_sleep = worker.append_basic_block("off.sleep")
+    b.cbranch(still_off, off_sleep, off_end)
+    b.position_at_end(off_sleep)
+    b.call(pthread["cond_wait"], [cond(b), mutex(b)])
+    b.branch(off_wait)
+    b.position_at_end(off_end)
+    b.call(pthread["mutex_unlock"], [mutex(b)])
+    idle.add_incoming(c64(0), b.block)  # back on: work is coming, spin
     b.branch(loop_bb)
     b.position_at_end(on_bb)
     word = b.load_atomic(state, "acquire", 8)
@@ -184,24 +218,46 @@ def module_ir() -> str:
         b.atomic_rmw("add", done, c64(1), "release")
 
     take_chunk(b, work)
-    now_work = b.call(cycles, [])
-    last_work.add_incoming(now_work, b.block)
+    idle.add_incoming(c64(0), b.block)
     b.branch(loop_bb)
     b.position_at_end(idle_bb)  # nothing to take: spin a while, then poll slowly
     # each look yields the CPU: where the scheduler put this worker beside the caller, a
     # plain spin would take half of its time (bimodal runs, docs/performance-log.md)
     b.call(yield_cpu, [])
-    now = b.call(cycles, [])
-    long_idle = b.icmp_unsigned(">", b.sub(now, last_work), c64(SPIN_CYCLES))
+    looks = b.add(idle, c64(1))
     nap_bb, spin_bb = worker.append_basic_block("nap"), worker.append_basic_block("spin")
-    b.cbranch(long_idle, nap_bb, spin_bb)
+    b.cbranch(b.icmp_signed(">", looks, c64(SPIN_LOOKS)), nap_bb, spin_bb)
     b.position_at_end(nap_bb)
-    dozing = b.icmp_unsigned(">", b.sub(now, last_work), c64(DOZE_CYCLES))
-    b.call(usleep, [b.select(dozing, c32(IDLE_OFF_US), c32(IDLE_US))])
-    last_work.add_incoming(last_work, b.block)  # keeps napping until a chunk comes
+    dozing = b.icmp_signed(">", looks, c64(SPIN_LOOKS + DOZE_NAPS))
+    short_bb, doze_bb = worker.append_basic_block("nap.short"), worker.append_basic_block("doze")
+    b.cbranch(dozing, doze_bb, short_bb)
+    b.position_at_end(short_bb)
+    b.call(usleep, [c32(IDLE_US)])
+    idle.add_incoming(looks, b.block)
+    b.branch(loop_bb)
+    # long idle: sleep on the condition until a caller posts a job (it wakes the sleepers
+    # it sees) or SET_TEAM runs. The count goes up before the last look under the mutex and
+    # the caller stores the job word before it reads the count (both seq_cst), so one of
+    # the two sees the other: no job is slept through (and one that were would only be
+    # done by its caller alone)
+    b.position_at_end(doze_bb)
+    b.atomic_rmw("add", sleepers, c64(1), "seq_cst")
+    b.call(pthread["mutex_lock"], [mutex(b)])
+    word = b.load_atomic(state, "seq_cst", 8)
+    no_job = b.icmp_unsigned(">=", b.and_(word, c64(0xFFFFFFFF)), b.and_(b.lshr(word, c64(32)), c64(0xFFFF)))
+    still_in = b.icmp_signed("<", me, b.sext(b.load_atomic(active, "monotonic", 4), i64))
+    sleep_bb, woke_bb = worker.append_basic_block("doze.sleep"), worker.append_basic_block("doze.woke")
+    b.cbranch(b.and_(no_job, still_in), sleep_bb, woke_bb)
+    b.position_at_end(sleep_bb)
+    b.call(pthread["cond_wait"], [cond(b), mutex(b)])
+    b.branch(woke_bb)
+    b.position_at_end(woke_bb)
+    b.call(pthread["mutex_unlock"], [mutex(b)])
+    b.atomic_rmw("sub", sleepers, c64(1), "seq_cst")
+    idle.add_incoming(c64(0), b.block)
     b.branch(loop_bb)
     b.position_at_end(spin_bb)
-    last_work.add_incoming(last_work, b.block)
+    idle.add_incoming(looks, b.block)
     b.branch(loop_bb)
 
     # --- SET_TEAM(w): start workers up to w, use w
@@ -212,6 +268,9 @@ def module_ir() -> str:
     want = b.select(b.icmp_signed("<", want, c32(0)), c32(0), want)
     want = b.select(b.icmp_signed(">", want, c32(MAX_WORKERS)), c32(MAX_WORKERS), want)
     tid = b.alloca(i64)
+    with b.if_then(b.icmp_signed("==", b.load(started), c32(0))):  # before the first worker
+        b.call(pthread["mutex_init"], [mutex(b), ir.Constant(i8p, None)])
+        b.call(pthread["cond_init"], [cond(b), ir.Constant(i8p, None)])
     head_bb, body_bb, end_bb = (setter.append_basic_block(x) for x in ("start.head", "start.body", "start.end"))
     b.branch(head_bb)
     b.position_at_end(head_bb)
@@ -230,6 +289,8 @@ def module_ir() -> str:
     n_started = b.load(started)
     use = b.select(b.icmp_signed("<", n_started, want), n_started, want)
     b.store_atomic(use, active, "monotonic", 4)
+    with b.if_then(b.icmp_signed(">", n_started, c32(0))):
+        wake_all(b)  # those now off go back to sleep, those now on come back
     b.ret(use)
 
     stats = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64.as_pointer()]), name=TEAM_STATS)
@@ -274,7 +335,9 @@ def module_ir() -> str:
         b.store_atomic(c64(0), refused, "monotonic", 8)
         gen = b.add(b.lshr(b.load_atomic(state, "monotonic", 8), c64(48)), c64(1))
         word = b.or_(b.shl(b.and_(gen, c64(0xFFFF)), c64(48)), b.shl(n_chunks, c64(32)))
-        b.store_atomic(word, state, "release", 8)
+        b.store_atomic(word, state, "seq_cst", 8)
+        with b.if_then(b.icmp_signed(">", b.load_atomic(sleepers, "seq_cst", 8), c64(0))):
+            wake_all(b)  # after a long idle: a few us, once
         b.atomic_rmw("add", split_count, c64(1), "monotonic")
         mine = b.alloca(i64)
         b.store(c64(0), mine)
