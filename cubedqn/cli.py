@@ -385,7 +385,7 @@ def check_matmul_precision(name):
 @click.option("--views", type=int, default=1, show_default=True, help=VIEWS_HELP)
 @click.option("--seed", type=int, default=12345, show_default=True, help="seed of the test cubes")
 @click.option("--threads", type=int, default=1, show_default=True,
-              help="cubes solved at once, one per thread (BLAS then runs one thread each)")
+              help="cubes solved at once, one per thread (each thread's GEMMs then run on that thread alone)")
 @click.option("--matmul-precision", default="float32", show_default=True,
               help="the network's GEMMs in search: float32, or bfloat16 (bf16-rounded operands, float32 sums; "
                    "CPUs with AVX512_BF16)")
@@ -485,13 +485,17 @@ def eval_cmd(checkpoint, depths, n, random_states, search, beam_width, astar_wei
 @click.option("--astar-weight", type=float, default=0.6, show_default=True, help=WEIGHT_HELP)
 @click.option("--max-moves", type=int, default=40, show_default=True)
 @click.option("--views", type=int, default=1, show_default=True, help=VIEWS_HELP)
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="threads for the network's GEMMs (T - 1 workers share the larger products; the same solution)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def solve(checkpoint, scramble, facelets, search, beam_width, astar_weight, max_moves, views, as_json):
+def solve(checkpoint, scramble, facelets, search, beam_width, astar_weight, max_moves, views, threads, as_json):
     """Solve one cube with the trained network and verify the solution."""
     from .dqn import load_policy
     from .search import solve_many
     check_search(search, beam_width, max_moves, astar_weight)
     check_views(views)
+    if threads <= 0:
+        raise UserError(f"--threads must be positive, got {threads}")
     if (scramble is None) == (facelets is None):
         raise UserError("give exactly one of --scramble or --facelets")
     cfg, policy = load_policy(checkpoint, views)
@@ -502,8 +506,9 @@ def solve(checkpoint, scramble, facelets, search, beam_width, astar_weight, max_
         state = puzzle.solved.copy()
         for a in parse_moves(scramble, "htm"):
             state = state[puzzle.moves[a]]
-    ok, lengths, secs, sols = solve_many(policy, puzzle, state[None], METRICS[cfg.metric], search,
-                                         beam_width, max_moves, astar_weight, cfg.gamma)
+    with limit_threads(threads):
+        ok, lengths, secs, sols = solve_many(policy, puzzle, state[None], METRICS[cfg.metric], search,
+                                             beam_width, max_moves, astar_weight, cfg.gamma)
     out = {"solution": format_moves(sols[0]) if ok[0] else "", "length": int(lengths[0]) if ok[0] else None,
            "solved": bool(ok[0]), "seconds": float(secs[0])}
     if as_json:

@@ -173,6 +173,13 @@ def test_train_eval_solve_round_trip(trained):
     d = json.loads(run(["solve", "--checkpoint", str(trained), "--scramble", "R U", "--search", "beam",
                         "--beam-width", "512", "--json"]).output)
     assert set(d) == {"solution", "length", "solved", "seconds"}
+    from cubedqn.threads import gemm_threads
+    d2 = json.loads(run(["solve", "--checkpoint", str(trained), "--scramble", "R U", "--search", "beam",
+                         "--beam-width", "512", "--threads", "2", "--json"]).output)
+    assert (d2["solution"], d2["solved"]) == (d["solution"], d["solved"])
+    assert gemm_threads() == 1  # put back after the command
+    one_line_error(["solve", "--checkpoint", str(trained), "--scramble", "R", "--threads", "0"],
+                   "--threads must be positive")
     if d["solved"]:
         p = get_puzzle("cube2")
         s = apply_moves(p, apply_moves(p, p.solved, parse_moves("R U")), parse_moves(d["solution"]))
