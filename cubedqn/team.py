@@ -77,7 +77,7 @@ def _bias_type():
 
 def module_ir() -> str:
     mod = ir.Module(name="cubedqn_team")
-    i1, i8p, i32, i64, f32 = ir.IntType(1), ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    i8p, i32, i64, f32 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64), ir.FloatType()
     fp = f32.as_pointer()
 
     def c64(v):
@@ -130,6 +130,7 @@ def module_ir() -> str:
         b.call(pthread["mutex_lock"], [mutex(b)])
         b.call(pthread["cond_broadcast"], [cond(b)])
         b.call(pthread["mutex_unlock"], [mutex(b)])
+
     def field(b, name):
         return b.gep(job, [c64(0), c64(JOB_FIELDS.index(name))])
 
