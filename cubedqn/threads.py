@@ -110,9 +110,10 @@ def set_blas_threads(threads: int):
 
 
 class BlasThreadTuner:
-    """Training with --threads T > 1: keeps the BLAS at whichever of T threads and one ran
-    the training loop faster in the last probe, so that T threads are not much slower than
-    one when the other cores are busy. Measured on this 2-vCPU host with a process
+    """Training with --threads T > 1: keeps the GEMMs at whichever of T threads and one ran
+    the training loop faster in the last probe (`set_gemm_threads`: the GEMM team's size,
+    or the BLAS's thread count where there is no team), so that T threads are not much
+    slower than one when the other cores are busy. Measured on this 2-vCPU host with a process
     spinning on its second CPU (`runs/perf10/tune-busy`, the 144-256-256-12 loop, medians of
     3 alternating runs): two fixed BLAS threads ran at 0.37x the speed of one, tuned at 0.85x;
     without the spinner (`tune-quiet`) 1.28x and 1.33x (it kept two threads).
