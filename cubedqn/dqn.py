@@ -125,7 +125,7 @@ class Trainer:
         self.act_q = np.zeros((cfg.n_envs, self.n_actions), self.learner.dtype)
         self.policy = Policy(self.learner.online, self.encoder)
         self.timer = PhaseTimer()
-        self.blas_tuner = BlasThreadTuner(cfg.threads) \
+        self.blas_tuner = BlasThreadTuner(cfg.threads, first_probe_after=1.0) \
             if self.tunes_blas and cfg.tune_blas_threads and cfg.threads > 1 else None
         self.grad_steps = self.env_steps = self.vec_steps = self.episodes = self.solved_episodes = 0
         self.pending = 0

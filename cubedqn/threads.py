@@ -137,7 +137,12 @@ class BlasThreadTuner:
     at 1.6x the probe's time for the rest of it, docs/performance-log.md; on the same host two
     threads flip between 0.8x and 1.8x one thread's step time from one half second to the
     next, so the window is half a second: a 2,000-step `profile` run lasts about two). The
-    first probe starts at the first gradient step. The trainer reports the
+    first probe starts after `first_probe_after` seconds of loop time (0: at the first
+    gradient step; the trainer asks for 1 s: in a run's first second the caches it fills
+    make steps drift down faster than the ABBA order cancels, and the first block, at T
+    threads, read slowest: the `cube2` preset's first probe kept one thread in 4 of 6
+    processes probing at once and in 1 of 6 after a second, alternating, stop 33 in
+    docs/performance-log.md). The trainer reports the
     time of each env iteration (`spent`) and gradient step (`step_done`), so evaluation,
     logging and checkpoints are not counted. The choice does not change results where every
     product's K is at most 256: OpenBLAS splits a product's rows and columns between
@@ -149,8 +154,8 @@ class BlasThreadTuner:
 
     def __init__(self, threads: int, interval_seconds: float = 30.0, block_seconds: float = 0.1,
                  min_steps: int = 4, margin: float = 0.05, set_threads=None,
-                 check_seconds: float = 0.5, slowdown: float = 0.25):
-        if threads < 2 or min_steps < 1 or block_seconds < 0 or interval_seconds < 0 or check_seconds < 0:
+                 check_seconds: float = 0.5, slowdown: float = 0.25, first_probe_after: float = 0.0):
+        if threads < 2 or min_steps < 1 or min(block_seconds, interval_seconds, check_seconds, first_probe_after) < 0:
             raise ValueError("the tuner needs threads >= 2, min_steps >= 1 and non-negative times")
         self.threads, self.interval, self.block, self.min_steps = threads, interval_seconds, block_seconds, min_steps
         self.margin, self.set_threads = margin, set_threads or set_gemm_threads
@@ -159,7 +164,7 @@ class BlasThreadTuner:
         self.schedule = (threads, 1, 1, threads)
         self.current = threads          # the BLAS thread count in use outside probes
         self.phase = -1                 # index into schedule while probing, else -1
-        self.since = interval_seconds   # loop time since the last probe ended
+        self.since = interval_seconds - first_probe_after  # loop time since the last probe ended
         self.steps, self.elapsed = 0, 0.0
         self._clear_totals()
         self.probes = 0

@@ -374,7 +374,7 @@ def test_profile_reports_the_blas_thread_tuning(monkeypatch):
     four 0.1 s blocks, and no probe finished (the test failed there)."""
     import cubedqn.dqn as dqn
     from cubedqn.threads import BlasThreadTuner
-    monkeypatch.setattr(dqn, "BlasThreadTuner", lambda threads: BlasThreadTuner(threads, block_seconds=0.0))
+    monkeypatch.setattr(dqn, "BlasThreadTuner", lambda threads, **kw: BlasThreadTuner(threads, block_seconds=0.0))
     base = ["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--warmup", "0",
             "--threads", "2", "--json"]
     d = json.loads(run(base + ["--steps", "1500"]).output)
@@ -392,7 +392,8 @@ def test_profile_reads_the_peak_at_the_blas_thread_count_it_ended_with(monkeypat
     import cubedqn.dqn as dqn
     import cubedqn.profiling as profiling
     from cubedqn.threads import BlasThreadTuner, gemm_threads
-    monkeypatch.setattr(dqn, "BlasThreadTuner", lambda threads: BlasThreadTuner(threads, block_seconds=0.0, margin=1.0))
+    monkeypatch.setattr(dqn, "BlasThreadTuner",
+                        lambda threads, **kw: BlasThreadTuner(threads, block_seconds=0.0, margin=1.0))
     counts, peak = [], profiling.peak_gflops
 
     def peak_noting_threads(*a, **k):

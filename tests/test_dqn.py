@@ -684,6 +684,16 @@ def run_tuner(tuner, step_seconds, steps):
     return calls
 
 
+def test_blas_tuner_first_probe_waits_first_probe_after_seconds_of_loop_time():
+    from cubedqn.threads import BlasThreadTuner
+    tuner = BlasThreadTuner(2, block_seconds=0.0, min_steps=1, first_probe_after=2.0)
+    # each pass: an env iteration of 0.25 s and a gradient step of 0.5 s, 0.75 s of loop time
+    assert run_tuner(tuner, {1: 0.5, 2: 0.5}, 2) == [] and tuner.probes == 0  # 1.5 s: not yet
+    assert run_tuner(tuner, {1: 0.5, 2: 0.5}, 1) == [2]  # 2.25 s: the probe's first block begins
+    with pytest.raises(ValueError, match="non-negative"):
+        BlasThreadTuner(2, first_probe_after=-1.0)
+
+
 @pytest.mark.parametrize("one_is_faster", [True, False])
 def test_blas_tuner_probes_abba_and_keeps_the_faster_count(one_is_faster):
     from cubedqn.threads import BlasThreadTuner
