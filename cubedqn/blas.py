@@ -427,7 +427,7 @@ def _bind_team():
     """Put team.py's wrappers in front of whatever SYMBOL and BIAS_SYMBOL are bound to now
     (the tile, or the library and a bias that leaves it to the caller); returns (engine or
     None, why not). CUBEDQN_TEAM=0 leaves them as they are."""
-    if os.environ.get("CUBEDQN_TEAM", "1").strip() == "0":
+    if not TEAM_WANTED:
         return None, "off (CUBEDQN_TEAM=0)"
     if sys.platform not in ("linux", "darwin"):  # its workers are pthreads
         return None, f"not built on {sys.platform} (its workers are pthreads)"
@@ -445,6 +445,11 @@ def _bind_team():
     return engine, None
 
 
+# CUBEDQN_TEAM=0 leaves the GEMMs to the library's own threads with --threads T (side-by-side
+# timings); 1 (default) binds the team. Another value is reported by the CLI (exit 2).
+_TEAM_ENV = os.environ.get("CUBEDQN_TEAM", "1").strip()
+TEAM_PROBLEM = None if _TEAM_ENV in ("0", "1") else f"CUBEDQN_TEAM={os.environ['CUBEDQN_TEAM']!r} is not one of: 0, 1"
+TEAM_WANTED = _TEAM_ENV != "0"
 _TEAM_ENGINE, TEAM_STATUS = _bind_team()
 _TEAM_LOCK = threading.Lock()
 _team_checked = None  # None: not yet; then whether the split products came out right

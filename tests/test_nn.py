@@ -716,7 +716,7 @@ def test_panel_object_code_is_cached_and_a_damaged_cache_is_recompiled(tmp_path)
     assert [f.name for f in (tmp_path / "cubedqn").iterdir()] == [cached.name]  # no temp files left
 
 
-@pytest.mark.parametrize("name", ["CUBEDQN_PANELS", "CUBEDQN_FUSED", "CUBEDQN_TILE_GEMM"])
+@pytest.mark.parametrize("name", ["CUBEDQN_PANELS", "CUBEDQN_FUSED", "CUBEDQN_TILE_GEMM", "CUBEDQN_TEAM"])
 def test_unknown_kernel_setting_is_a_one_line_error(name):
     import os
     import subprocess
