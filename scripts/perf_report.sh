@@ -24,6 +24,10 @@ for t in 1 2; do
   run $PY -m cubedqn.cli profile --puzzle cube3 --hidden 1024,512 --batch-size 256 --targets double --threads $t --steps 300 --json > "$out/profile-cube3-double-t$t.json"
   run $PY -m cubedqn.cli profile --profile cube2 --threads $t --steps 500 | tee "$out/profile-cube2-preset-t$t.txt"
 done
+# two threads without the GEMM team (OpenBLAS's own threads, as before stop 33), beside the
+# team's two-thread runs above: what the team buys on this host at this hour
+run env CUBEDQN_TEAM=0 $PY -m cubedqn.cli profile --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --threads 2 --steps 2000 --json > "$out/profile-cube2-double-t2-noteam.json"
+run env CUBEDQN_TEAM=0 $PY -m cubedqn.cli profile --puzzle cube3 --hidden 1024,512 --batch-size 256 --targets double --threads 2 --steps 300 --json > "$out/profile-cube3-double-t2-noteam.json"
 run $PY scripts/bench_startup.py --repeats 2 | tee "$out/startup.txt"
 if [ -n "${CHECKPOINT:-}" ]; then
   # solving 1000 cubes with one and with two threads, alternating, twice
