@@ -442,6 +442,9 @@ def _bind_team():
     # never disposed, not even while the interpreter shuts down: the workers run in its code
     # until the process ends
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(engine))
+    forked = ctypes.CFUNCTYPE(None)(engine.get_function_address(team.TEAM_FORKED))
+    _KEEP.append(forked)
+    os.register_at_fork(after_in_child=forked)  # a forked child has none of the workers
     return engine, None
 
 

@@ -53,6 +53,10 @@ TEAM_SGEMM, TEAM_BIAS = "cubedqn_team_sgemm64", "cubedqn_team_sgemm_bias"
 INNER_SGEMM, INNER_BIAS = "cubedqn_team_inner_sgemm64", "cubedqn_team_inner_bias"
 SET_TEAM = "cubedqn_team_set"      # i32 (i32 w): use w workers (started if new); returns w in use
 TEAM_STATS = "cubedqn_team_stats"  # void (i64 out[3]): products split, chunks workers took, workers in use
+# void (): in a child just forked (blas.py registers it with os.register_at_fork): the
+# parent's workers are not there, and the mutex may have been held by one of them; forget
+# them and start afresh (the next SET_TEAM starts the child's own)
+TEAM_FORKED = "cubedqn_team_forked"
 MAX_WORKERS = 15
 CHUNK_MIN = 32            # the tile's panel: chunks are whole panels
 SPLIT_MACS = 1 << 17      # ~1.2 us on one Zen 4 core; smaller products are not worth a hand-off
@@ -295,6 +299,15 @@ def module_ir() -> str:
         wake_all(b)  # those now off go back to sleep, those now on come back
     b.ret(use)
 
+    forked = ir.Function(mod, ir.FunctionType(ir.VoidType(), []), name=TEAM_FORKED)
+    b = ir.IRBuilder(forked.append_basic_block("entry"))
+    for g, zero in ((active, c32(0)), (started, c32(0)), (owner, c32(0)), (sleepers, c64(0)), (done, c64(0))):
+        b.store_atomic(zero, g, "seq_cst", 4 if zero.type == i32 else 8)
+    b.store_atomic(c64(0), state, "seq_cst", 8)  # no job open (0 chunks)
+    b.call(pthread["mutex_init"], [mutex(b), ir.Constant(i8p, None)])
+    b.call(pthread["cond_init"], [cond(b), ir.Constant(i8p, None)])
+    b.ret_void()
+
     stats = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i64.as_pointer()]), name=TEAM_STATS)
     b = ir.IRBuilder(stats.append_basic_block("entry"))
     b.store(b.load_atomic(split_count, "monotonic", 8), stats.args[0])
@@ -394,7 +407,7 @@ def module_ir() -> str:
 
 
 def compile_team():
-    """(engine, "cache" or "compiled") with TEAM_SGEMM, TEAM_BIAS, SET_TEAM and TEAM_STATS
+    """(engine, "cache" or "compiled") with TEAM_SGEMM, TEAM_BIAS, SET_TEAM, TEAM_STATS and TEAM_FORKED
     bound; INNER_SGEMM and INNER_BIAS must be bound before. Raises where LLVM cannot
     compile the IR here."""
-    return load_or_compile("team", __file__, module_ir, (TEAM_SGEMM, TEAM_BIAS, SET_TEAM, TEAM_STATS))
+    return load_or_compile("team", __file__, module_ir, (TEAM_SGEMM, TEAM_BIAS, SET_TEAM, TEAM_STATS, TEAM_FORKED))

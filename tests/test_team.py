@@ -196,3 +196,32 @@ def test_team_off_by_environment_is_reported():
                          env={**__import__("os").environ, "CUBEDQN_TEAM": "0"}).stdout.strip()
     assert out == "the GEMM team (team.py) is off (CUBEDQN_TEAM=0) 0 2"
 
+
+
+@needs_team
+def test_a_forked_child_starts_its_own_workers(one_worker):
+    """After fork the child has none of the parent's workers (and the team's mutex may
+    have been held by one): the team forgets them, and the child's own set_team starts a
+    worker that takes chunks. Without the reset the child kept `started` from the parent,
+    started no worker, and every chunk fell to its caller."""
+    import os
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((64, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 256)).astype(np.float32)
+    c = np.empty((64, 256), np.float32)
+    _products(a, b, c, 20)  # compiled and run in the parent first
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when its own worker took chunks and C is right
+        code = 1
+        try:
+            ok = blas.team_workers() == 0 and blas.set_team(1) == 1
+            start, deadline = blas.team_stats()["taken"], time.perf_counter() + 20
+            while ok and blas.team_stats()["taken"] == start and time.perf_counter() < deadline:
+                _products(a, b, c, 200)
+            ok = ok and blas.team_stats()["taken"] > start
+            ok = ok and np.allclose(c, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+            code = 0 if ok else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
