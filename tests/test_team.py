@@ -199,6 +199,7 @@ def test_team_off_by_environment_is_reported():
 
 
 @needs_team
+@pytest.mark.filterwarnings("ignore:os.fork():RuntimeWarning")  # JAX's, where another test imported it
 def test_a_forked_child_starts_its_own_workers(one_worker):
     """After fork the child has none of the parent's workers (and the team's mutex may
     have been held by one): the team forgets them, and the child's own set_team starts a
