@@ -75,6 +75,7 @@ def resolve_device(device: str) -> str:
     return "cuda"
 
 
+THREADS_HELP = "threads for numba kernels and the GEMMs (a team of T - 1 workers, or the BLAS's own)"
 HELP = {
     "metric": "move set: qtm (12 quarter turns) or htm (18 moves)",
     "hidden": "hidden layer widths, e.g. 256,256",
@@ -110,8 +111,8 @@ HELP = {
     "target_cache": "all-actions on cube2: reuse the target net's value of children seen since its last copy",
     "child_cache": "all-actions on cube2 with pairs/cubies inputs: look the children's corner codes up by the "
                    "parent's position instead of framing every child every step (the same steps)",
-    "tune_blas_threads": "with --threads T > 1: at the start and every 30 s of training, time the loop with the "
-                         "GEMMs on T threads and on one; keep T only if they are 5% faster than one",
+    "tune_blas_threads": "with --threads T > 1: after the first second and every 30 s of training, time the loop "
+                         "with the GEMMs on T threads and on one; keep T only if they are 5% faster than one",
     "log_interval": "gradient steps between log lines",
     "checkpoint_interval": "gradient steps between checkpoints (0: end only)",
     "save_replay": "save replay buffer and envs with checkpoints (exact resume)",
@@ -154,7 +155,7 @@ def print_profiles():
 @click.option("--out", "out", default=None, type=click.Path(), help="run directory (default runs/NAME-TIME)")
 @click.option("--resume", default=None, type=click.Path(), help="continue the run in this directory")
 @click.option("--seed", type=int, default=None, help="random seed")
-@click.option("--threads", type=int, default=None, help="threads for numba kernels and the GEMMs (a team of T - 1 workers, or the BLAS's own)")
+@click.option("--threads", type=int, default=None, help=THREADS_HELP)
 @click.option("--device", default=None, help="cpu, cuda or auto")
 @hyperparameter_options
 def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, **hp):
@@ -287,7 +288,7 @@ def make_trainer(cfg, device, resume=None):
 @click.option("--optimizer", default=None, help="optimizer")
 @click.option("--steps", type=int, default=500, show_default=True, help="gradient steps to time")
 @click.option("--warmup", type=int, default=100, show_default=True, help="gradient steps before timing")
-@click.option("--threads", type=int, default=None, help="threads for numba kernels and the GEMMs (a team of T - 1 workers, or the BLAS's own)")
+@click.option("--threads", type=int, default=None, help=THREADS_HELP)
 @click.option("--device", default=None, help="cpu, cuda or auto")
 @click.option("--sparse-update/--no-sparse-update", default=None,
               help="lazy first-layer updates (the 2x2x2 presets use them; CUDA needs --no-sparse-update)")
