@@ -257,16 +257,18 @@ def _check_operands(rng, m, n, k, ta, tb):
     return a, b, (a[:, :k] if ta == NO_TRANS else a[:, :m].T), (b[:, :n] if tb == NO_TRANS else b[:, :k].T)
 
 
+def _product(sgemm, m, n, k, ta, tb, a, b, rows=None):
+    """C (m x n + 1, ldc n + 1, NaN where nothing was written) from the CBLAS sgemm on
+    check operands (_check_operands), for its first `rows` rows (default all m)."""
+    buf = np.full((m, n + 1), np.nan, np.float32)
+    sgemm(ROW_MAJOR, ta, tb, m if rows is None else rows, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data,
+          b.shape[1], 0.0, buf.ctypes.data, n + 1)
+    return buf
+
+
 def _all_rows_and_one(sgemm, m, n, k, ta, tb, a, b):
-    """[C of all m rows, C of the first row alone] from the CBLAS sgemm (C with ldc n + 1,
-    NaN where nothing was written)."""
-    outs = []
-    for rows in (m, 1):
-        buf = np.full((m, n + 1), np.nan, np.float32)
-        sgemm(ROW_MAJOR, ta, tb, rows, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0.0,
-              buf.ctypes.data, n + 1)
-        outs.append(buf[:rows, :n])
-    return outs
+    """[C of all m rows, C of the first row alone] from the CBLAS sgemm (_product's)."""
+    return [_product(sgemm, m, n, k, ta, tb, a, b, rows)[:rows, :n] for rows in (m, 1)]
 
 
 def _check_tile(fn) -> bool:
@@ -468,13 +470,8 @@ def _check_team() -> bool:
     for ta, tb, m, n, k in ((NO_TRANS, NO_TRANS, 17, 100, 300), (NO_TRANS, TRANS, 9, 260, 64),
                             (TRANS, NO_TRANS, 40, 129, 64), (NO_TRANS, NO_TRANS, 64, 256, 256)):
         a, b, _, _ = _check_operands(rng, m, n, k, ta, tb)
-        outs = []
-        for fn in (split, inner):
-            buf = np.full((m, n + 1), np.nan, np.float32)
-            fn(ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], 0.0,
-               buf.ctypes.data, n + 1)
-            outs.append(buf)
-        if not np.array_equal(outs[0], outs[1], equal_nan=True):
+        if not np.array_equal(_product(split, m, n, k, ta, tb, a, b), _product(inner, m, n, k, ta, tb, a, b),
+                              equal_nan=True):
             return False
     split_bias = _BIAS_CTYPES(_TEAM_ENGINE.get_function_address(team.TEAM_BIAS))
     inner_bias = _BIAS_CTYPES(llb.address_of_symbol(team.INNER_BIAS))

@@ -107,6 +107,21 @@ def counted_loop(b, start, stop, step, name, carried=()):
     return i, phis, close
 
 
+def sgemm_type():
+    """void (order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc): the CBLAS
+    ILP64 sgemm, the signature of the engine's GEMM symbol (tile_gemm.TILE, team.TEAM_SGEMM)."""
+    i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+    fp = f32.as_pointer()
+    return ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, fp, i64, fp, i64, f32, fp, i64])
+
+
+def bias_gemm_type():
+    """i64 (m, n, k, a, lda, b, ldb, c, ldc, bias, relu): C = A @ B + bias (ReLU if relu),
+    1 when done, 0 where left to the caller (tile_gemm.TILE_BIAS, team.TEAM_BIAS)."""
+    i64, fp = ir.IntType(64), ir.FloatType().as_pointer()
+    return ir.FunctionType(i64, [i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64])
+
+
 def declare(mod, name, ftype):
     """The function `name` of mod (an intrinsic or an external symbol), declared if new."""
     return mod.globals.get(name) or ir.Function(mod, ftype, name=name)

@@ -490,9 +490,10 @@ def solve_many(policy, puzzle, states, n_actions, search="greedy", beam_width=64
     threads > 1 solves several cubes at once, one per thread, each with its own copy of the
     policy's workspaces (Policy.fork); the kernels release the GIL and each thread's GEMMs
     run on that thread alone meanwhile (threads.one_gemm_thread), so T threads use T cores
-    (on the cube3 net too: beam 64 and 512 ran 1.1-1.15x faster this way than one search
-    with its GEMMs on a two-thread team, docs/performance-log.md, stop 33). Beam and A* hand out cubes one at a time;
-    greedy gives each thread a contiguous share. Results equal the one-thread results.
+    (on the cube3 net too: beam 64 and 512 ran 1.07-1.15x faster this way than one search
+    with its GEMMs on a two-thread team, docs/performance-log.md, stop 33). Beam and A*
+    hand out cubes one at a time; greedy gives each thread a contiguous share. Results
+    equal the one-thread results.
     """
     states = np.atleast_2d(states)
     n = len(states)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import declare, load_or_compile
+from .native import bias_gemm_type, declare, load_or_compile, sgemm_type
 
 TEAM_SGEMM, TEAM_BIAS = "cubedqn_team_sgemm64", "cubedqn_team_sgemm_bias"
 INNER_SGEMM, INNER_BIAS = "cubedqn_team_inner_sgemm64", "cubedqn_team_inner_bias"
@@ -67,17 +67,6 @@ IDLE_US = 50
 ROW_MAJOR, NO_TRANS = 101, 111
 # the job: fields of the product being split, stored before the job word is published
 JOB_FIELDS = ("kind", "ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "bias", "relu", "width")
-
-
-def _sgemm_type():
-    i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-    fp = f32.as_pointer()
-    return ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, fp, i64, fp, i64, f32, fp, i64])
-
-
-def _bias_type():
-    i64, fp = ir.IntType(64), ir.FloatType().as_pointer()
-    return ir.FunctionType(i64, [i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64])
 
 
 def module_ir() -> str:
@@ -109,8 +98,8 @@ def module_ir() -> str:
     job_t = ir.ArrayType(i64, len(JOB_FIELDS))
     job = global_("team_job", job_t, ir.Constant(job_t, [0] * len(JOB_FIELDS)))
 
-    inner = declare(mod, INNER_SGEMM, _sgemm_type())
-    inner_bias = declare(mod, INNER_BIAS, _bias_type())
+    inner = declare(mod, INNER_SGEMM, sgemm_type())
+    inner_bias = declare(mod, INNER_BIAS, bias_gemm_type())
     usleep = declare(mod, "usleep", ir.FunctionType(i32, [i32]))
     yield_cpu = declare(mod, "sched_yield", ir.FunctionType(i32, []))
     # a mutex and a condition variable where workers that are off, or idle for long, sleep;
@@ -167,6 +156,12 @@ def module_ir() -> str:
     b.ret(b.call(inner_bias, [f["m"], width, f["k"], a_ptr, f["lda"], b_ptr, f["ldb"], c_ptr, f["ldc"], bias_ptr,
                               f["relu"]]))
 
+    def run_noting_refusal(b, chunk):
+        """Emit: run the chunk; where the inner bias GEMM left it to the caller, say so."""
+        result = b.call(run, [chunk])
+        with b.if_then(b.icmp_signed("==", result, c64(0))):
+            b.store_atomic(c64(1), refused, "monotonic", 8)
+
     def take_chunk(b, on_chunk):
         """Emit: claim the next chunk of the job word (one atomic add); where that was a chunk
         of its job, on_chunk(b, chunk index) runs. Returns (i1 whether a chunk was claimed)."""
@@ -217,9 +212,7 @@ def module_ir() -> str:
     b.position_at_end(claim_bb)
 
     def work(b, chunk):
-        result = b.call(run, [chunk])
-        with b.if_then(b.icmp_signed("==", result, c64(0))):
-            b.store_atomic(c64(1), refused, "monotonic", 8)
+        run_noting_refusal(b, chunk)
         b.atomic_rmw("add", taken, c64(1), "monotonic")
         b.atomic_rmw("add", done, c64(1), "release")
 
@@ -361,9 +354,7 @@ def module_ir() -> str:
         b.position_at_end(own_bb)
 
         def work(b, chunk):
-            result = b.call(run, [chunk])
-            with b.if_then(b.icmp_signed("==", result, c64(0))):
-                b.store_atomic(c64(1), refused, "monotonic", 8)
+            run_noting_refusal(b, chunk)
             b.store(b.add(b.load(mine), c64(1)), mine)
 
         got = take_chunk(b, work)
@@ -387,7 +378,7 @@ def module_ir() -> str:
         b.position_at_end(as_is)
         return b
 
-    fn = ir.Function(mod, _sgemm_type(), name=TEAM_SGEMM)
+    fn = ir.Function(mod, sgemm_type(), name=TEAM_SGEMM)
     order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc = fn.args
     b = emit_caller(fn, 0, {
         "ta": ta, "tb": tb, "m": M, "n": N, "k": K, "lda": lda, "ldb": ldb, "ldc": ldc, "a": A, "b": B, "c": C,
@@ -397,7 +388,7 @@ def module_ir() -> str:
     b.call(inner, fn.args)
     b.ret_void()
 
-    fn = ir.Function(mod, _bias_type(), name=TEAM_BIAS)
+    fn = ir.Function(mod, bias_gemm_type(), name=TEAM_BIAS)
     M, N, K, A, lda, B, ldb, C, ldc, bias, relu = fn.args
     b = emit_caller(fn, 1, {
         "ta": c64(NO_TRANS), "tb": c64(NO_TRANS), "m": M, "n": N, "k": K, "lda": lda, "ldb": ldb, "ldc": ldc,

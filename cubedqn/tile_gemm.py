@@ -71,8 +71,8 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from . import tile_bf16
-from .native import (counted_loop, declare, host_cpu_name, host_has_avx512, load_floats, load_or_compile,
-                     store_floats, tail_columns, transpose_rows, zero_or_loaded)
+from .native import (bias_gemm_type, counted_loop, declare, host_cpu_name, host_has_avx512, load_floats,
+                     load_or_compile, sgemm_type, store_floats, tail_columns, transpose_rows, zero_or_loaded)
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
@@ -103,17 +103,6 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 # (waking the other CPU for each product), those of 1.3 ms and more 1.3-1.8x when it was free
 SPLIT_MACS = 1 << 26
 MAX_PARTS = 8
-
-
-def _signature():
-    i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-    fp = f32.as_pointer()
-    return ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, fp, i64, fp, i64, f32, fp, i64])
-
-
-def _bias_signature():
-    i64, fp = ir.IntType(64), ir.FloatType().as_pointer()
-    return ir.FunctionType(i64, [i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64])
 
 
 def module_ir() -> str:
@@ -217,7 +206,7 @@ def _emit(mod, epilogue, bf16=None):
     tile_bf16.BF16, split over threads where it pays, and its on flag) where the module has them."""
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec = ir.VectorType(f32, LANES)
-    library = declare(mod, LIBRARY, _signature())
+    library = declare(mod, LIBRARY, sgemm_type())
     library_threads = declare(mod, THREADS, ir.FunctionType(i32, []))
     fma = declare(mod, f"llvm.fma.v{LANES}f32", ir.FunctionType(vec, [vec, vec, vec]))
 
@@ -231,7 +220,7 @@ def _emit(mod, epilogue, bf16=None):
     # given (TILE only) a_rule, the bounds on K and M for A as is or transposed
     a_rule = None
     if epilogue:
-        fn = ir.Function(mod, _bias_signature(), name=TILE_BIAS)
+        fn = ir.Function(mod, bias_gemm_type(), name=TILE_BIAS)
         M, N, K, A, lda, B, ldb, C, ldc, bias, relu = fn.args
         ta = tb = c32(NO_TRANS)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -239,7 +228,7 @@ def _emit(mod, epilogue, bf16=None):
         conds = [b.icmp_signed("<=", b.call(library_threads, []), c32(1)), b.icmp_signed(">=", K, c64(1)),
                  b.icmp_signed("<=", K, c64(K_MAX)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1))]
     else:
-        fn = ir.Function(mod, _signature(), name=TILE)
+        fn = ir.Function(mod, sgemm_type(), name=TILE)
         order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         trans, b_trans = b.icmp_signed("==", ta, c32(TRANS)), b.icmp_signed("==", tb, c32(TRANS))
