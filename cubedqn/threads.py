@@ -42,16 +42,17 @@ class _Limits:
 def limit_threads(threads: int):
     """Give numba and the engine's GEMMs `threads` threads: where the GEMM team can be had
     (blas.set_team, team.py), the BLAS on one thread and threads - 1 team workers beside
-    the caller; else every loaded BLAS at `threads`. Returns a context manager that puts
+    the caller (at most team.MAX_WORKERS); else every loaded BLAS at `threads`. Returns a context manager that puts
     back what was there before."""
     import numba
     import scipy.linalg.cython_blas  # noqa: F401  (loads the OpenBLAS that njit np.dot uses)
-    from . import blas  # noqa: F401  (binds the GEMM's library before it is limited)
+    from . import blas, team  # blas binds the GEMM's library before it is limited
     from threadpoolctl import threadpool_limits
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     before = _Limits(threadpool_limits(limits=None, user_api="blas"), blas.team_workers(), _MODE[0])
     set_blas_threads(1)  # the team's products run the library (where it takes them) on one thread
-    if threads > 1 and blas.team_problem() is None and blas.set_team(threads - 1) == threads - 1:
+    workers = min(threads - 1, team.MAX_WORKERS)  # more threads than the team has: all of it
+    if workers > 0 and blas.team_problem() is None and blas.set_team(workers) == workers:
         _MODE[0] = "team"
     else:
         blas.set_team(0)

@@ -169,6 +169,9 @@ def test_thread_knob_sets_the_team_and_the_library():
             assert blas.team_workers() == 2
         assert blas.team_workers() == 0 and gemm_threads() == 1  # as before the block
         assert blas.set_team(-3) == 0
+        with limit_threads(team.MAX_WORKERS + 5):  # more than the team has: all of it, not the BLAS's threads
+            assert blas.team_workers() == team.MAX_WORKERS and library_threads() == 1
+        assert blas.team_workers() == 0
     finally:
         limit_threads(1)
 
