@@ -295,9 +295,12 @@ def make_trainer(cfg, device, resume=None):
 @click.option("--tune-blas-threads/--no-tune-blas-threads", default=None,
               help="with --threads T > 1: keep the GEMMs on T threads or 1, whichever runs faster (default: on)")
 @click.option("--matmul-precision", default=None, metavar="VALUE", help=HELP["matmul_precision"])
+@click.option("--epsilon", type=float, default=None,
+              help="exploration rate throughout (default: the run's schedule at its start; acting scores only "
+                   "the greedy states, so the act phase shrinks as epsilon grows)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def profile_cmd(profile, puzzle, hidden, input_encoding, batch_size, targets, optimizer, steps, warmup, threads,
-                device, sparse_update, tune_blas_threads, matmul_precision, as_json):
+                device, sparse_update, tune_blas_threads, matmul_precision, epsilon, as_json):
     """Time the training loop and print where every millisecond of a step goes.
 
     Phases (env, act, replay, sample, forward, backward, optimizer, ...), the forward and
@@ -308,13 +311,15 @@ def profile_cmd(profile, puzzle, hidden, input_encoding, batch_size, targets, op
     from .profiling import profile_training
     if steps <= 0 or warmup < 0:
         raise UserError("--steps must be positive and --warmup >= 0")
+    if epsilon is not None and not 0.0 <= epsilon <= 1.0:
+        raise UserError(f"--epsilon must be in [0, 1], got {epsilon}")
     over = dict(puzzle=puzzle, hidden=hidden, input_encoding=input_encoding, batch_size=batch_size,
                 targets=targets, optimizer=optimizer, threads=threads, device=device, sparse_update=sparse_update,
                 tune_blas_threads=tune_blas_threads, matmul_precision=matmul_precision)
     cfg = build_config(profile or (None if puzzle else "cube2"), over)
     dev = resolve_device(cfg.device)
     with limit_threads(cfg.threads):
-        report = profile_training(cfg, steps, warmup, dev)
+        report = profile_training(cfg, steps, warmup, dev, epsilon)
     if as_json:
         click.echo(json.dumps(report))
         return

@@ -40,8 +40,8 @@ from .blas import matmul_precision_as
 from .checkpoint import CheckpointError, atomic_savez, atomic_write_json, read_json, read_npz
 from .config import Config, ConfigError, validate
 from .cube import METRICS, get_puzzle
-from .encoding import Encoder, Policy, q_to_world
-from .env import VecEnv, select_actions
+from .encoding import Encoder, Policy
+from .env import VecEnv, draw_explorers, greedy_actions
 from .learner import Learner, PhaseTimer
 from .nn import Layout
 from .optim import all_finite
@@ -122,12 +122,14 @@ class Trainer:
         self.env = VecEnv(self.puzzle, cfg.n_envs, self.n_actions, cfg.max_episode_moves, cfg.gamma, n_step)
         self.act_ws = self.learner.online.workspace(cfg.n_envs, self.encoder.input_groups)
         self.act_rot = np.zeros(cfg.n_envs, np.int64)
-        self.act_q = np.zeros((cfg.n_envs, self.n_actions), self.learner.dtype)
+        self.greedy_rows = np.zeros(cfg.n_envs, np.int64)            # draw_explorers' outputs
+        self.greedy_states = np.zeros_like(self.env.states)
         self.policy = Policy(self.learner.online, self.encoder)
         self.timer = PhaseTimer()
         self.blas_tuner = BlasThreadTuner(cfg.threads, first_probe_after=1.0) \
             if self.tunes_blas and cfg.tune_blas_threads and cfg.threads > 1 else None
         self.grad_steps = self.env_steps = self.vec_steps = self.episodes = self.solved_episodes = 0
+        self.states_scored = 0  # env states the acting forward scored (the greedy ones; profile reports it)
         self.pending = 0
         self.depth = cfg.curriculum_start if cfg.curriculum == "adaptive" else cfg.depth_max
         self.depth = min(max(self.depth, cfg.depth_min), cfg.depth_max)
@@ -164,18 +166,29 @@ class Trainer:
         return b0 + (1.0 - b0) * progress
 
     # -- one iteration of the N environments ----------------------------------------------
-    def act_values(self):
-        """The online network's Q-values of the environments' states, each state in its own
-        frame ((n_envs, A); the frames go to self.act_rot)."""
-        self.encoder.encode(self.env.states, self.act_ws, 0, self.act_rot, want_codes=False)
-        return self.learner.online.forward_ws(self.act_ws, self.env.n)
+    def act_values(self, states):
+        """The online network's Q-values of states (n <= n_envs of them), each state in its
+        own frame ((n, A); the frames go to self.act_rot[:n])."""
+        self.encoder.encode(states, self.act_ws, 0, self.act_rot, want_codes=False)
+        return self.learner.online.forward_ws(self.act_ws, len(states))
+
+    def choose_actions(self, eps):
+        """Epsilon-greedy actions of the environments into env.actions. Only the states that
+        act greedily are encoded and scored (draw_explorers draws first, in select_actions'
+        order, so the actions are the ones select_actions picks from every state's
+        Q-values); early in a run, when most cubes explore, that is a fraction of them."""
+        env = self.env
+        k = draw_explorers(env.states, eps, self.n_actions, self.rng, env.actions, self.greedy_rows,
+                           self.greedy_states)
+        self.states_scored += k
+        if k:
+            qc = self.act_values(self.greedy_states[:k])
+            greedy_actions(qc, self.act_rot, self.encoder.act_map, self.greedy_rows[:k], env.actions)
 
     def env_iteration(self):
         clock, timer, env = time.perf_counter, self.timer, self.env
         t0 = clock()
-        qc = self.act_values()
-        q_to_world(qc, self.act_rot, self.encoder.act_map, self.act_q)
-        select_actions(self.act_q, self.epsilon(), self.rng, env.actions)
+        self.choose_actions(self.epsilon())
         t1 = clock()
         count, solved = env.step(env.actions)
         if env.ended.any():

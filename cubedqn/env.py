@@ -55,6 +55,44 @@ def select_actions(q, eps, rng, out):
 
 
 @njit(cache=True)
+def draw_explorers(states, eps, n_actions, rng, out, greedy, greedy_states):
+    """select_actions' draws without its Q-values: the rows that explore get their random
+    action in out; the others' row numbers go to greedy[:k] and their states to
+    greedy_states[:k]. Returns k. The draws are select_actions' own, in its order, so
+    greedy_actions on those k states' Q-values completes the same actions: the network
+    need not score the states whose Q-values epsilon-greedy throws away.
+
+    states (N, S) uint8; out, greedy (N,) int64; greedy_states (N, S) uint8."""
+    n, s = states.shape
+    k = 0
+    for i in range(n):
+        if uniform(rng) < eps:
+            out[i] = below(rng, n_actions)
+        else:
+            greedy[k] = i
+            for j in range(s):
+                greedy_states[k, j] = states[i, j]
+            k += 1
+    return k
+
+
+@njit(cache=True)
+def greedy_actions(qc, rot, act_map, greedy, out):
+    """out[greedy[j]] = the best action of row j of qc (k, A), Q-values in the state's
+    canonical frame rot[j]: the action a maximising qc[j, act_map[rot[j], a]], the first
+    such a on ties (select_actions on q_to_world's rows)."""
+    k, a_n = qc.shape
+    for j in range(k):
+        m = act_map[rot[j]]
+        best, best_q = 0, qc[j, m[0]]
+        for a in range(1, a_n):
+            v = qc[j, m[a]]
+            if v > best_q:
+                best, best_q = a, v
+        out[greedy[j]] = best
+
+
+@njit(cache=True)
 def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a, hist_len,
               out, reward_f32, ended):
     """Step every env; emit finished n-step transitions as replay records into out; mark ended envs.

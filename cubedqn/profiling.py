@@ -235,12 +235,18 @@ def gemm_layers_rate(trainer, parts, children_per_step=None) -> dict:
             "gemm_layers_gflops": flops / (f_ms + b_ms) / 1e6}
 
 
-def profile_training(cfg, steps, warmup, device="cpu") -> dict:
+def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
+    """Time `steps` gradient steps after `warmup` of them (see the module's docstring).
+    Acting scores only the env states that act greedily (Trainer.choose_actions), so the act
+    phase depends on the exploration rate: the run's own schedule, at its start (for a
+    preset's long run, close to exploration_initial_eps), or `epsilon` throughout."""
     from .cli import make_trainer
     import numba
     cfg = cfg.replace(steps=max(cfg.steps, warmup + steps), minutes=0.0, log_interval=10 ** 9,
                       eval_interval=10 ** 9, checkpoint_interval=0,
                       learning_starts=min(cfg.learning_starts, cfg.batch_size * 4))
+    if epsilon is not None:
+        cfg = cfg.replace(exploration_initial_eps=epsilon, exploration_final_eps=epsilon)
     dtype = np.float32 if cfg.precision == "float32" else np.float64
     peak_before = peak_gflops(dtype)
     ceiling_before = _ceiling_or_none(dtype, device)
@@ -249,7 +255,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         trainer.learner.sync_phases = True
     trainer.run(max_steps=warmup)
     trainer.timer.reset()
-    g0, e0 = trainer.grad_steps, trainer.env_steps
+    g0, e0, scored0, eps0 = trainer.grad_steps, trainer.env_steps, trainer.states_scored, trainer.epsilon()
     learner = trainer.learner
     lk0, hit0, sc0 = learner.cache_lookups, learner.cache_hits, learner.children_scored
     cc = learner.child_codes
@@ -257,6 +263,7 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
     t0 = time.perf_counter()
     trainer.run(max_steps=warmup + steps)
     wall = time.perf_counter() - t0
+    eps1 = trainer.epsilon()
     kept = trainer.blas_tuner.current if trainer.blas_tuner is not None else cfg.threads
     peak_kept = None
     if trainer.blas_tuner is not None:  # the peak and the BLAS info at the thread count asked for
@@ -292,6 +299,11 @@ def profile_training(cfg, steps, warmup, device="cpu") -> dict:
         "steps_per_min": n / wall * 60, "env_steps_per_s": (trainer.env_steps - e0) / wall,
         "train_steps_per_min": 60e3 / train_ms if train_ms > 0 else None,
         "phases": phases,
+        # acting: the exploration rate at the timed steps' start and end, and the share of
+        # the env states the network scored (the greedy ones)
+        "epsilon_start": eps0, "epsilon_end": eps1,
+        "act_scored_fraction": ((trainer.states_scored - scored0) / (trainer.env_steps - e0)
+                                if trainer.env_steps > e0 else None),
         "flops_per_step": fwd + bwd, "gflops": (fwd + bwd) / gemm_s / 1e9 if gemm_s > 0 else None,
         "peak_gflops": peak, "fma_ceiling_gflops": ceiling,
         # the sgemm peak at the BLAS thread count in use at the end (blas_threads), which the
@@ -343,6 +355,10 @@ def format_report(r: dict) -> str:
     lines.append(f"train step (sample+forward+backward+optimizer): {r['train_step_ms']:.4f} ms "
                  f"= {r['train_steps_per_min']:.0f} steps/min")
     lines.append(f"end to end: {r['steps_per_min']:.0f} gradient steps/min, {r['env_steps_per_s']:.0f} env steps/s")
+    if r.get("act_scored_fraction") is not None:
+        lines.append(f"acting: epsilon {r['epsilon_start']:.2f} -> {r['epsilon_end']:.2f} over the timed steps; "
+                     f"the network scored {100 * r['act_scored_fraction']:.0f}% of the env states (the greedy ones; "
+                     f"--epsilon fixes the rate)")
     if r["gflops"] and r.get("device") == "cuda":  # the sgemm peak is the host's: no ratio
         lines.append(f"forward+backward phases: {r['gflops']:.1f} GFLOP/s on the GPU, host encoding included")
     elif r["gflops"]:

@@ -23,6 +23,9 @@ for t in 1 2; do
   run $PY -m cubedqn.cli profile --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --input-encoding stickers --optimizer momentum --threads $t --steps 2000 --json > "$out/profile-cube2-double-stickers-momentum-t$t.json"
   run $PY -m cubedqn.cli profile --puzzle cube3 --hidden 1024,512 --batch-size 256 --targets double --threads $t --steps 300 --json > "$out/profile-cube3-double-t$t.json"
   run $PY -m cubedqn.cli profile --profile cube2 --threads $t --steps 500 | tee "$out/profile-cube2-preset-t$t.txt"
+  # acting scores only the greedy states, and 500 steps into the preset's 100,000 epsilon is
+  # still ~1: the same profile at the schedule's final 0.05, acting on 95% of the states
+  run $PY -m cubedqn.cli profile --profile cube2 --threads $t --steps 500 --epsilon 0.05 | tee "$out/profile-cube2-preset-eps05-t$t.txt"
 done
 # two threads without the GEMM team (OpenBLAS's own threads, as before stop 33), beside the
 # team's two-thread runs above: what the team buys on this host at this hour

@@ -83,6 +83,7 @@ def one_line_error(args, needle):
     (["eval", "--checkpoint", "/nonexistent/run"], "does not exist"),
     (["solve", "--checkpoint", "/nonexistent/run", "--scramble", "R"], "does not exist"),
     (["profile", "--steps", "0"], "--steps must be positive"),
+    (["profile", "--epsilon", "1.5"], "--epsilon must be in [0, 1], got 1.5"),
     (["train", "--input-symmetry", "5"], "input_symmetry must be 1, 6 or 48"),
     (["train", "--input-encoding", "pairs", "--no-canonical-input"], "pairs needs canonical_input"),
     (["train", "--input-encoding", "pairs", "--puzzle", "cube3"], "pairs needs puzzle cube2"),
@@ -357,6 +358,23 @@ def test_profile_json_contract():
     assert cpu["logical_cpus"] >= 1 and cpu["llvm_cpu"] and cpu["model"]
     assert isinstance(cpu["avx2"], bool) and isinstance(cpu["avx512"], bool)
     assert f"CPU: {cpu['model']} (LLVM: {cpu['llvm_cpu']})" in text
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.4, 1.0])
+def test_profile_epsilon_sets_the_share_of_states_acting_scores(eps):
+    r = run(["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--steps", "20",
+             "--warmup", "2", "--epsilon", str(eps), "--json"])
+    d = json.loads(r.output)
+    assert d["epsilon_start"] == d["epsilon_end"] == eps
+    if eps in (0.0, 1.0):  # all scored, none scored
+        assert d["act_scored_fraction"] == 1.0 - eps
+    else:  # 20 iterations of the preset's 64 cubes: 1,280 draws
+        assert abs(d["act_scored_fraction"] - (1.0 - eps)) < 0.06
+    text = run(["profile", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--steps", "5",
+                "--warmup", "2", "--epsilon", str(eps)]).output
+    assert f"acting: epsilon {eps:.2f} -> {eps:.2f} over the timed steps; the network scored " in text
+    if eps in (0.0, 1.0):
+        assert f"scored {100 * (1 - eps):.0f}% of the env states" in text
 
 
 def test_describe_cpu():

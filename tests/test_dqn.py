@@ -5,13 +5,13 @@ import json
 import numpy as np
 import pytest
 
-from cubedqn import reference as ref
+from cubedqn import blas, reference as ref
 from cubedqn.checkpoint import CheckpointError
 from cubedqn.config import Config
 from cubedqn.cube import expand_children, get_puzzle, solved_batch
 from cubedqn.dqn import Trainer, load_policy
-from cubedqn.env import VecEnv
-from cubedqn.encoding import Encoder, Policy
+from cubedqn.env import VecEnv, draw_explorers, greedy_actions, select_actions
+from cubedqn.encoding import Encoder, Policy, q_to_world
 from cubedqn.learner import Learner, all_action_targets, row_max, sampled_targets
 from cubedqn.nn import ALIGN, MLP, Layout
 from cubedqn.replay import Batch, ReplayBuffer, tree_fill_ring, tree_find, tree_set
@@ -526,6 +526,64 @@ def test_clock_progress_survives_a_checkpoint(tmp_path, monkeypatch):
     tr.save(tmp_path / "run")
     back = Trainer.load(tmp_path / "run")
     assert back.progress() == pytest.approx(1.0) and back.epsilon() == pytest.approx(back.cfg.exploration_final_eps)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.3, 0.8, 1.0])
+def test_greedy_rows_acting_equals_select_actions_on_every_row(eps):
+    """draw_explorers + greedy_actions on the greedy rows' Q-values pick what select_actions
+    picks from every row's world-frame Q-values, with the same draws (ties, NaN included)."""
+    rng = np.random.default_rng(3)
+    n, a_n, s = 200, 12, 24
+    states = rng.integers(0, 6, (n, s)).astype(np.uint8)
+    act_map = np.array([rng.permutation(a_n) for _ in range(5)], np.int64)
+    rot = rng.integers(0, 5, n)
+    qc = rng.integers(-3, 3, (n, a_n)).astype(np.float32)  # few values: many ties
+    qc[::17, 4] = np.nan
+    q_world = np.empty_like(qc)
+    q_to_world(qc, rot, act_map, q_world)
+    want = np.full(n, -1, np.int64)
+    r_want, r_got = make_rng(9), make_rng(9)
+    select_actions(q_world, eps, r_want, want)
+    got, greedy, greedy_states = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.zeros_like(states)
+    k = draw_explorers(states, eps, a_n, r_got, got, greedy, greedy_states)
+    assert np.array_equal(r_got, r_want)
+    assert (k == n) if eps == 0 else (k == 0) if eps == 1 else 0 < k < n
+    assert np.array_equal(greedy_states[:k], states[greedy[:k]])
+    greedy_actions(qc[greedy[:k]], rot[greedy[:k]], act_map, greedy[:k], got)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(input_encoding="pairs", input_symmetry=48, hidden=(64, 32)),
+                                dict(input_encoding="cubies", sparse_input=True, canonical_input=True),
+                                dict(canonical_input=False, sparse_input=False),
+                                dict(puzzle="cube3", hidden=(64, 32)),
+                                dict(matmul_precision="bfloat16", hidden=(64, 64))])
+def test_trainer_acting_scores_only_greedy_states_and_picks_what_scoring_all_picks(kw):
+    """Trainer.choose_actions (the greedy states encoded and scored, a subset of rows) gives
+    the actions and rng of scoring every env state and running select_actions on them."""
+    if kw.get("matmul_precision") and blas.bf16_problem() is not None:
+        pytest.skip(blas.bf16_problem())
+    tr = Trainer(tiny_cfg(n_envs=48, **kw))
+    with blas.matmul_precision_as(tr.cfg.matmul_precision):
+        _check_greedy_rows_acting(tr)
+
+
+def _check_greedy_rows_acting(tr):
+    for _ in range(3):  # states away from the first scrambles
+        tr.env_iteration()
+    for eps in (0.0, 0.5, 0.9):
+        rng0, states = tr.rng.copy(), tr.env.states.copy()
+        tr.encoder.encode(states, tr.act_ws, 0, tr.act_rot, want_codes=False)
+        q_all = tr.learner.online.forward_ws(tr.act_ws, tr.env.n).copy()
+        q_world, want = np.empty_like(q_all), np.zeros(tr.env.n, np.int64)
+        q_to_world(q_all, tr.act_rot.copy(), tr.encoder.act_map, q_world)
+        select_actions(q_world, eps, rng0, want)
+        scored = tr.states_scored
+        tr.choose_actions(eps)
+        assert np.array_equal(tr.env.actions, want) and np.array_equal(tr.rng, rng0)
+        k = tr.states_scored - scored
+        assert k == tr.env.n if eps == 0 else k < tr.env.n
+        assert np.array_equal(tr.env.states, states)
 
 
 def test_same_seed_same_losses():

@@ -226,6 +226,7 @@ def test_profile_device_cuda_runs_under_the_simulator():
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["device"] == "cuda" and d["train_step_ms"] > 0
+    assert d["act_scored_fraction"] == 1.0  # the device actor scores every state (one graph per size)
     assert d["cuda_launch"].startswith("graphs" if not SIM else "direct")
     from cubedqn.profiling import format_report
     text = format_report(d)  # no ratio of the GPU's rate to the host's sgemm peak
