@@ -1,7 +1,8 @@
 """The DQN training loop for cube puzzles, top to bottom in one file.
 
-One iteration steps N cubes together: a batched Q forward picks epsilon-greedy actions,
-one kernel applies them and emits n-step transitions, one call adds them to replay; then
+One iteration steps N cubes together: the exploration draws come first and a batched Q
+forward over the cubes that act greedily picks their actions (choose_actions), one kernel
+applies them and emits n-step transitions, one call adds them to replay; then
 (every `train_freq` iterations, once `learning_starts` transitions exist) `gradient_steps`
 learner updates run. Every phase is timed (see learner.PhaseTimer).
 
