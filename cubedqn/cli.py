@@ -240,6 +240,10 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     cc = trainer.learner.child_codes
     if cc is not None and cc.lookups:
         click.echo(f"child cache: {100 * cc.hit_rate:.1f}% of sampled states' children found by position")
+    tuner = trainer.blas_tuner
+    if tuner is not None:
+        click.echo(f"thread tuning: the GEMMs on {tuner.current} of {cfg.threads} thread(s) at the end; "
+                   f"{tuner.probes} probe(s), {tuner.probe_seconds:.1f} s of the loop in their blocks")
     click.echo(f"checkpoint: {run_dir}")
     click.echo(f"evaluate with: cubedqn eval --checkpoint {run_dir}"
                + (" --random-states 1000" if cfg.puzzle == "cube2" else ""))

@@ -265,8 +265,9 @@ class Trainer:
         self.interrupted = twin.interrupted
         return time.perf_counter() - t0
 
-    def run(self, max_steps=None, minutes=None, run_dir=None, on_log=None):
-        """Train until max_steps gradient steps in total (default cfg.steps) or `minutes` pass."""
+    def run(self, max_steps=None, minutes=None, run_dir=None, on_log=None, until=None):
+        """Train until max_steps gradient steps in total (default cfg.steps) or `minutes` pass,
+        or until `until()`, asked after each gradient step, returns true."""
         c = self.cfg
         target = c.steps if max_steps is None else max_steps
         minutes = c.minutes if minutes is None else minutes
@@ -284,7 +285,7 @@ class Trainer:
             previous = signal.signal(signal.SIGINT, lambda *_: setattr(self, "interrupted", True))
         try:
             with matmul_precision_as(c.matmul_precision):  # the GEMMs of acting, learning and evaluation
-                self._loop(target, deadline, learn_after, run_dir, metrics, on_log)
+                self._loop(target, deadline, learn_after, run_dir, metrics, on_log, until)
             if (metrics or on_log) and self.grad_steps > self._interval_start[1]:
                 # the steps since the last log line (a run shorter than log_interval, or one
                 # stopped by its time budget or Ctrl-C), so that every run leaves its record
@@ -299,7 +300,7 @@ class Trainer:
                 self.blas_tuner.pause()
         return self
 
-    def _loop(self, target, deadline, learn_after, run_dir, metrics, on_log):
+    def _loop(self, target, deadline, learn_after, run_dir, metrics, on_log, until):
         c, clock, tuner = self.cfg, time.perf_counter, self.blas_tuner
         # Each pass does one env iteration or one gradient step, so a run stopped between any
         # two gradient steps (and checkpointed, `pending` included) resumes exactly.
@@ -322,6 +323,8 @@ class Trainer:
                 self.log(metrics, on_log)
             if run_dir and c.checkpoint_interval and self.grad_steps % c.checkpoint_interval == 0:
                 self.save(run_dir)
+            if until is not None and until():
+                break
 
     def log(self, metrics_path=None, on_log=None):
         t0 = time.perf_counter()
@@ -337,6 +340,10 @@ class Trainer:
             "episodes": self.episodes, "solved_episodes": self.solved_episodes,
             "phases_ms": {k: v / max(steps, 1) * 1e3 for k, v in self.timer.total.items()},
             "blas_threads": self.blas_tuner.current if self.blas_tuner is not None else self.cfg.threads,
+            # probes the thread tuner has finished in this process, and the loop seconds
+            # spent in probe blocks (the blocks at the count not kept are what tuning costs)
+            "blas_probes": self.blas_tuner.probes if self.blas_tuner is not None else 0,
+            "blas_probe_seconds": self.blas_tuner.probe_seconds if self.blas_tuner is not None else 0.0,
         }
         if self.learner.target_cache:  # share of children's values reused so far in this process
             rec["target_cache_hit_rate"] = self.learner.target_cache_hit_rate

@@ -254,6 +254,17 @@ def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
     if device == "cuda":  # wait for the GPU at each phase's end, so each phase shows its own time
         trainer.learner.sync_phases = True
     trainer.run(max_steps=warmup)
+    tuner, tuning = trainer.blas_tuner, None
+    if tuner is not None:
+        # threads > 1 with the tuner on: train on until a probe has picked the GEMMs' thread
+        # count, so that the timed steps run at that count rather than half of them inside
+        # the probe's blocks at T and at one thread (loop time a training run spends there
+        # once in interval_seconds; what later probes cost is reported below)
+        g, p, t = trainer.grad_steps, tuner.probes, time.perf_counter()
+        trainer.run(max_steps=g + 10 ** 9, until=lambda: tuner.probes > p)
+        tuning = {"steps": trainer.grad_steps - g, "seconds": time.perf_counter() - t}
+        tuner.settled()
+    probes0, probe_s0 = (tuner.probes, tuner.probe_seconds) if tuner is not None else (0, 0.0)
     trainer.timer.reset()
     g0, e0, scored0, eps0 = trainer.grad_steps, trainer.env_steps, trainer.states_scored, trainer.epsilon()
     learner = trainer.learner
@@ -329,6 +340,12 @@ def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
         "blas_threads": kept,
         "blas_probe": ({str(k): v for k, v in trainer.blas_tuner.last_probe.items()}
                        if trainer.blas_tuner is not None and trainer.blas_tuner.last_probe else None),
+        # the probe before the timed steps (gradient steps and seconds it took), and the
+        # probes that ran inside them (the host changed, or interval_seconds passed) with
+        # the loop time their blocks took, which the phases above include
+        "blas_tuning": tuning,
+        "blas_probes": tuner.probes - probes0 if tuner is not None else None,
+        "blas_probe_seconds": tuner.probe_seconds - probe_s0 if tuner is not None else None,
     }
 
 
@@ -411,6 +428,10 @@ def format_report(r: dict) -> str:
         probe = ", ".join(f"{k} thread(s) {v * 1e3:.3f} ms" for k, v in r["blas_probe"].items())
         lines.append(f"BLAS thread tuning (tune_blas_threads): kept {r['blas_threads']} thread(s); its last "
                      f"probe, loop time per gradient step (env iterations included): {probe}")
+        if r.get("blas_tuning"):
+            lines.append(f"  probed before the timed steps ({r['blas_tuning']['steps']} gradient steps, "
+                         f"{r['blas_tuning']['seconds']:.2f} s); inside them {r['blas_probes']} probe(s), "
+                         f"{r['blas_probe_seconds']:.2f} s of loop time in probe blocks")
     if r.get("cuda_launch"):
         lines.append(f"CUDA step: {r['cuda_launch']}; each phase waits for the GPU at its end while profiling")
     if r.get("first_layer") and r["first_layer"] != "cuda":

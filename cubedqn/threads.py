@@ -168,13 +168,15 @@ class BlasThreadTuner:
         self.since = interval_seconds - first_probe_after  # loop time since the last probe ended
         self.steps, self.elapsed = 0, 0.0
         self._clear_totals()
-        self.probes = 0
+        self.probes = 0                 # probes finished
+        self.probe_seconds = 0.0        # loop time spent inside probe blocks, finished or not
         self.last_probe = None          # {threads: seconds per gradient step} of the last probe
 
     def spent(self, seconds: float):
         """Time of an env iteration (or any training work between gradient steps)."""
         if self.phase >= 0:
             self.elapsed += seconds
+            self.probe_seconds += seconds
         else:
             self.since += seconds
             self.window[0] += seconds
@@ -189,6 +191,7 @@ class BlasThreadTuner:
                 self._begin_block(0)
             return
         self.elapsed += seconds
+        self.probe_seconds += seconds
         self.steps += 1
         if self.steps < self.min_steps or self.elapsed < self.block:
             return
@@ -239,3 +242,10 @@ class BlasThreadTuner:
             self._clear_totals()
         self.since = self.interval
         self.window = [0.0, 0]
+
+    def settled(self):
+        """Called after pause: the count in use stands for the next run, whose first probe
+        waits `interval_seconds` of loop time (or a slowdown) instead of starting at once.
+        For a run right after one that ended with a finished probe (profile's tuning, then
+        its timed steps)."""
+        self.since = 0.0

@@ -399,8 +399,34 @@ def test_profile_reports_the_blas_thread_tuning(monkeypatch):
     assert d["blas_threads"] in (1, 2) and set(d["blas_probe"]) == {"1", "2"}
     assert all(0 < v < 1 for v in d["blas_probe"].values())
     assert d["blas"]["gemm_threads"] == 2  # the peak and BLAS info are read at the count asked for
+    # the probe ran before the timed steps: the step that starts it, then 4 blocks of 4
+    # steps, or 2 where two threads read 25% slower than one
+    assert d["blas_tuning"]["steps"] in (9, 17) and d["blas_tuning"]["seconds"] > 0
+    assert d["blas_probes"] >= 0 and d["blas_probe_seconds"] >= 0
     off = json.loads(run(base + ["--steps", "50", "--no-tune-blas-threads"]).output)
     assert off["blas_threads"] == 2 and off["blas_probe"] is None
+    assert off["blas_tuning"] is off["blas_probes"] is off["blas_probe_seconds"] is None
+
+
+def test_train_reports_the_thread_tuning(monkeypatch, tmp_path):
+    """--threads 2 with the tuner: each metrics record and the run's last lines say how many
+    probes ran and how much of the loop they took."""
+    import cubedqn.dqn as dqn
+    from cubedqn.threads import BlasThreadTuner, limit_threads
+    monkeypatch.setattr(dqn, "BlasThreadTuner",
+                        lambda threads, **kw: BlasThreadTuner(threads, block_seconds=0.0, first_probe_after=0.0))
+    out = tmp_path / "r"
+    try:
+        r = run(["train", "--profile", "cube2-quick", "--hidden", "16", "--batch-size", "16", "--steps", "60",
+                 "--log-interval", "30", "--threads", "2", "--out", str(out)])
+    finally:
+        limit_threads(1)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
+    assert last["step"] == 60 and last["blas_probes"] >= 1 and last["blas_probe_seconds"] > 0
+    assert records[0]["blas_probe_seconds"] <= last["blas_probe_seconds"]
+    assert (f"thread tuning: the GEMMs on {last['blas_threads']} of 2 thread(s) at the end; "
+            f"{last['blas_probes']} probe(s), {last['blas_probe_seconds']:.1f} s of the loop") in r.output
 
 
 def test_profile_reads_the_peak_at_the_blas_thread_count_it_ended_with(monkeypatch):
@@ -410,8 +436,9 @@ def test_profile_reads_the_peak_at_the_blas_thread_count_it_ended_with(monkeypat
     import cubedqn.dqn as dqn
     import cubedqn.profiling as profiling
     from cubedqn.threads import BlasThreadTuner, gemm_threads
-    monkeypatch.setattr(dqn, "BlasThreadTuner",
-                        lambda threads, **kw: BlasThreadTuner(threads, block_seconds=0.0, margin=1.0))
+    monkeypatch.setattr(dqn, "BlasThreadTuner",  # never keeps two; probes only every 30 s
+                        lambda threads, **kw: BlasThreadTuner(threads, block_seconds=0.0, margin=1.0,
+                                                              slowdown=1e9))
     counts, peak = [], profiling.peak_gflops
 
     def peak_noting_threads(*a, **k):
@@ -423,10 +450,14 @@ def test_profile_reads_the_peak_at_the_blas_thread_count_it_ended_with(monkeypat
             "--threads", "2", "--steps", "300"]
     d = json.loads(run(args + ["--json"]).output)
     assert d["blas_threads"] == 1 and d["threads"] == 2
+    # the timed steps all ran at the count kept: the probe ran before them (the step that
+    # starts it, then 4 blocks of 4 steps)
+    assert d["blas_tuning"]["steps"] == 17 and d["blas_probes"] == 0 and d["blas_probe_seconds"] == 0
     assert counts == [2, 1, 2]  # before the run, then at the count kept, then at the count asked for
     assert d["peak_gflops_blas_threads"] > 0 and d["blas"]["gemm_threads"] == 2
     text = run(args).output
     assert "peak of the 1 BLAS thread(s) the run ended with" in text
+    assert "probed before the timed steps (17 gradient steps" in text and "inside them 0 probe(s)" in text
     one = json.loads(run(args[:-4] + ["--threads", "1", "--steps", "50", "--json"]).output)
     assert one["peak_gflops_blas_threads"] == one["peak_gflops"]  # one thread: the same reading
 

@@ -810,6 +810,29 @@ def test_blas_tuner_probes_again_when_the_count_in_use_slows_down():
     assert run_tuner(tuner, {1: 1.5, 2: 2.7}, 30) == [] and tuner.probes == 3
 
 
+def test_blas_tuner_counts_the_loop_time_of_its_probe_blocks_and_settled_defers_the_next_probe():
+    """probe_seconds is the loop time (env iterations and gradient steps) spent inside probe
+    blocks, an unfinished probe's included. After a run ends (pause), the next run probes at
+    once, unless settled() says the last probe's choice stands: then it waits the interval."""
+    from cubedqn.threads import BlasThreadTuner
+    tuner = BlasThreadTuner(2, interval_seconds=60.0, block_seconds=0.0, min_steps=3)
+    times = {1: 1.0, 2: 0.5}
+    # the first gradient step (1.5 s with its env iteration at 2 threads) starts the probe;
+    # then 4 blocks of 3 passes: 1.5 s a pass at 1 thread, 0.75 at 2
+    assert run_tuner(tuner, times, 13) == [2, 1, 1, 2, 2] and tuner.probes == 1
+    assert tuner.probe_seconds == pytest.approx(3 * (0.75 + 1.5 + 1.5 + 0.75))
+    assert run_tuner(tuner, times, 10) == [] and tuner.probe_seconds == pytest.approx(13.5)
+    tuner.pause()
+    assert run_tuner(tuner, times, 2) == [2]  # a new run: the next probe's first block at once
+    assert tuner.probe_seconds == pytest.approx(13.5 + 0.75)  # its first pass
+    tuner.pause()  # dropped unfinished (the BLAS back at 2), its time counted
+    assert tuner._in_use == 2 and tuner.probes == 1
+    tuner.settled()
+    quiet = int(60.0 / 0.75)
+    assert run_tuner(tuner, times, quiet - 1) == [] and tuner.probes == 1  # under 60 s of loop time
+    assert run_tuner(tuner, times, 2) == [2]
+
+
 def test_blas_tuner_decides_after_two_blocks_only_when_t_threads_are_clearly_slower():
     """The first two blocks (T, then one) end the probe where T ran more than `slowdown`
     slower than one: one thread is kept without timing T again. 20% slower is not clear
@@ -833,6 +856,19 @@ def test_blas_tuner_probes_again_when_t_threads_fall_behind_one():
     assert run_tuner(tuner, {1: 1.0, 2: 1.035}, 15) == [2, 1, 1, 2, 1] and tuner.current == 1  # all four blocks
     assert tuner.probes == 2
     assert run_tuner(tuner, {1: 1.15, 2: 1.5}, 30) == [] and tuner.probes == 2
+
+
+def test_run_stops_after_the_gradient_step_at_which_until_returns_true():
+    """run(until=f) asks f after each gradient step (profile's tuning runs until a probe has
+    finished); max_steps still bounds it, and the run goes on from there."""
+    cfg = Config(puzzle="cube2", hidden=(16,), n_envs=16, batch_size=16, learning_starts=16, buffer_size=500,
+                 steps=100, seed=1)
+    t = Trainer(cfg)
+    asked = []
+    t.run(max_steps=50, until=lambda: asked.append(t.grad_steps) or t.grad_steps >= 7)
+    assert t.grad_steps == 7 and asked == list(range(1, 8))
+    t.run(max_steps=9, until=lambda: False)
+    assert t.grad_steps == 9
 
 
 @pytest.mark.parametrize("mode", ["team", "library"])
