@@ -129,9 +129,12 @@ class BlasThreadTuner:
     error is cheaper towards one thread: that count is the one-thread run's own, which T
     threads must not fall behind; until stop 24 ties went to T, and a `cube2` preset run
     that kept two on a probe reading them equal to one ran 0.91x a one-thread run,
-    docs/performance-log.md), and probes again after `interval_seconds` of
-    loop time, or sooner when the host changes under it: once `check_seconds` of loop time
-    (and `min_steps` gradient steps) ran more than `slowdown` slower per gradient step than
+    docs/performance-log.md), and probes again after `interval_seconds` of loop time (a
+    gap from 2 s, doubling after each probe that kept the count and back to 2 s after one
+    that changed it, was tried: on this host's noise the probes flipped, it probed three
+    times as often and ran no faster, stop 35 in docs/performance-log.md), or sooner when
+    the host changes under it: once `check_seconds` of loop time (and `min_steps` gradient
+    steps) ran more than `slowdown` slower per gradient step than
     the last probe measured the count in use, or, with T threads in use, slower than it
     measured one thread (a second core taken by another process after the probe; on a
     2-vCPU Zen 4 host a run kept two BLAS threads on a probe reading them 4% faster, then ran

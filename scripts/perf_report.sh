@@ -31,6 +31,14 @@ done
 # team's two-thread runs above: what the team buys on this host at this hour
 run env CUBEDQN_TEAM=0 $PY -m cubedqn.cli profile --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --threads 2 --steps 2000 --json > "$out/profile-cube2-double-t2-noteam.json"
 run env CUBEDQN_TEAM=0 $PY -m cubedqn.cli profile --puzzle cube3 --hidden 1024,512 --batch-size 256 --targets double --threads 2 --steps 300 --json > "$out/profile-cube3-double-t2-noteam.json"
+# end to end with every probe of the thread tuner counted (profile probes before its timed
+# steps; a training run probes after its first second and every 30 s): the cube2 preset
+# trained for a minute on one thread and on two; the last lines give steps, seconds, probes
+for t in 1 2; do
+  rm -rf "$out/train-cube2-t$t"
+  run $PY -m cubedqn.cli train --profile cube2 --minutes 1 --threads $t --out "$out/train-cube2-t$t" > "$out/train-cube2-t$t.txt"
+  grep -E "^trained|^thread tuning" "$out/train-cube2-t$t.txt"
+done
 run $PY scripts/bench_startup.py --repeats 2 | tee "$out/startup.txt"
 if [ -n "${CHECKPOINT:-}" ]; then
   # solving 1000 cubes with one and with two threads, alternating, twice

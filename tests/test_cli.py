@@ -425,6 +425,7 @@ def test_train_reports_the_thread_tuning(monkeypatch, tmp_path):
     last = records[-1]
     assert last["step"] == 60 and last["blas_probes"] >= 1 and last["blas_probe_seconds"] > 0
     assert records[0]["blas_probe_seconds"] <= last["blas_probe_seconds"]
+    assert set(last["blas_probe"]) == {"1", "2"} and all(v > 0 for v in last["blas_probe"].values())
     assert (f"thread tuning: the GEMMs on {last['blas_threads']} of 2 thread(s) at the end; "
             f"{last['blas_probes']} probe(s), {last['blas_probe_seconds']:.1f} s of the loop") in r.output
 
