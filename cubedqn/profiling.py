@@ -272,7 +272,7 @@ def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
     cc = learner.child_codes
     cc0 = (cc.lookups, cc.hits) if cc is not None else (0, 0)
     t0 = time.perf_counter()
-    trainer.run(max_steps=warmup + steps)
+    trainer.run(max_steps=trainer.grad_steps + steps)
     wall = time.perf_counter() - t0
     eps1 = trainer.epsilon()
     kept = trainer.blas_tuner.current if trainer.blas_tuner is not None else cfg.threads

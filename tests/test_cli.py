@@ -454,10 +454,13 @@ def test_profile_reads_the_peak_at_the_blas_thread_count_it_ended_with(monkeypat
     # the timed steps all ran at the count kept: the probe ran before them (the step that
     # starts it, then 4 blocks of 4 steps)
     assert d["blas_tuning"]["steps"] == 17 and d["blas_probes"] == 0 and d["blas_probe_seconds"] == 0
+    assert d["steps"] == 300  # timed after the probe's steps, not counting them
     assert counts == [2, 1, 2]  # before the run, then at the count kept, then at the count asked for
     assert d["peak_gflops_blas_threads"] > 0 and d["blas"]["gemm_threads"] == 2
     text = run(args).output
     assert "peak of the 1 BLAS thread(s) the run ended with" in text
+    few = json.loads(run(args[:-1] + ["5", "--json"]).output)  # fewer timed steps than the probe took
+    assert few["steps"] == 5 and few["blas_tuning"]["steps"] == 17
     assert "probed before the timed steps (17 gradient steps" in text and "inside them 0 probe(s)" in text
     one = json.loads(run(args[:-4] + ["--threads", "1", "--steps", "50", "--json"]).output)
     assert one["peak_gflops_blas_threads"] == one["peak_gflops"]  # one thread: the same reading
