@@ -345,8 +345,7 @@ class Trainer:
             "blas_probes": self.blas_tuner.probes if self.blas_tuner is not None else 0,
             "blas_probe_seconds": self.blas_tuner.probe_seconds if self.blas_tuner is not None else 0.0,
             # the last probe's loop seconds per gradient step at each count
-            "blas_probe": ({str(k): v for k, v in self.blas_tuner.last_probe.items()}
-                           if self.blas_tuner is not None and self.blas_tuner.last_probe else None),
+            "blas_probe": self.blas_tuner.last_probe_json() if self.blas_tuner is not None else None,
         }
         if self.learner.target_cache:  # share of children's values reused so far in this process
             rec["target_cache_hit_rate"] = self.learner.target_cache_hit_rate

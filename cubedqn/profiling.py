@@ -338,8 +338,7 @@ def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
         # threads > 1: the BLAS thread count the tuner kept at the end, and its last probe's
         # loop seconds per gradient step at each count (threads.BlasThreadTuner)
         "blas_threads": kept,
-        "blas_probe": ({str(k): v for k, v in trainer.blas_tuner.last_probe.items()}
-                       if trainer.blas_tuner is not None and trainer.blas_tuner.last_probe else None),
+        "blas_probe": tuner.last_probe_json() if tuner is not None else None,
         # the probe before the timed steps (gradient steps and seconds it took), and the
         # probes that ran inside them (the host changed, or interval_seconds passed) with
         # the loop time their blocks took, which the phases above include

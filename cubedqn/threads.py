@@ -246,6 +246,11 @@ class BlasThreadTuner:
         self.since = self.interval
         self.window = [0.0, 0]
 
+    def last_probe_json(self):
+        """The last probe's loop seconds per gradient step, keyed by thread count as text
+        (the form the log records and profile's JSON carry), or None before any probe."""
+        return {str(k): v for k, v in self.last_probe.items()} if self.last_probe else None
+
     def settled(self):
         """Called after pause: the count in use stands for the next run, whose first probe
         waits `interval_seconds` of loop time (or a slowdown) instead of starting at once.
