@@ -33,7 +33,8 @@ Threads: in front of all of that, team.py's wrappers are bound to SYMBOL and BIA
 (`CUBEDQN_TEAM=0` leaves them out): with `set_team(w)`, w > 0 (threads.limit_threads does
 it for --threads w + 1), larger products are split by columns between the caller and w
 resident workers, each chunk one call of what the wrapper stands in front of; with w = 0
-they only pass the call on.
+they only pass the call on. The same workers run RANGE_SYMBOL (`run_range`): a function
+over chunks of a range, the optimizer's update over the flat buffer (optim.py).
 
 The choice lives in the symbol, not in the compiled kernels: a kernel loaded from Numba's
 cache calls `cubedqn_sgemm64` by name, so it stays valid when the choice changes. float64
@@ -80,6 +81,11 @@ _sgemm = types.ExternalFunction(SYMBOL, SGEMM_SIG)
 # tile_gemm's C = A @ B + bias (ReLU if relu): 1 when done, 0 when the caller must do it
 BIAS_SIG = types.int64(_i64, _i64, _i64, _fp, _i64, _fp, _i64, _fp, _i64, _fp, _i64)
 _sgemm_bias = types.ExternalFunction(BIAS_SYMBOL, BIAS_SIG)
+# void range(fn, ctx, n, grain): fn(ctx, lo, hi) over [0, n), chunks split over the GEMM
+# team's threads where it runs (team.TEAM_RANGE); fn is a void(voidptr, int64, int64) cfunc
+RANGE_SYMBOL = "cubedqn_range"
+RANGE_SIG = types.void(types.voidptr, types.voidptr, _i64, _i64)
+run_range = types.ExternalFunction(RANGE_SYMBOL, RANGE_SIG)
 _CTYPES_SIG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
@@ -450,12 +456,27 @@ def _bind_team():
     return engine, None
 
 
+def _bind_range():
+    """Bind RANGE_SYMBOL (fn(ctx, lo, hi) over [0, n), optim.py's flat updates): the team's
+    TEAM_RANGE, which splits long ranges over the workers the GEMMs use, or where there is
+    no team a native function that calls fn(ctx, 0, n). Returns its address."""
+    if _TEAM_ENGINE is not None:
+        address = _TEAM_ENGINE.get_function_address(team.TEAM_RANGE)
+    else:
+        engine, _ = team.compile_serial_range()
+        _KEEP.append(engine)
+        address = engine.get_function_address(team.SERIAL_RANGE)
+    llb.add_symbol(RANGE_SYMBOL, address)
+    return address
+
+
 # CUBEDQN_TEAM=0 leaves the GEMMs to the library's own threads with --threads T (side-by-side
 # timings); 1 (default) binds the team. Another value is reported by the CLI (exit 2).
 _TEAM_ENV = os.environ.get("CUBEDQN_TEAM", "1").strip()
 TEAM_PROBLEM = None if _TEAM_ENV in ("0", "1") else f"CUBEDQN_TEAM={os.environ['CUBEDQN_TEAM']!r} is not one of: 0, 1"
 TEAM_WANTED = _TEAM_ENV != "0"
 _TEAM_ENGINE, TEAM_STATUS = _bind_team()
+RANGE_ADDRESS = _bind_range()
 _TEAM_LOCK = threading.Lock()
 _team_checked = None  # None: not yet; then whether the split products came out right
 

@@ -156,7 +156,7 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
                        Wts, bts, idx_t, x_t, acts_t, q_t, panel_t, groups_t,
                        double, dueling, y, td, scale, loss_kind, gWs, gbs,
                        kind, clip, max_norm, params, grads, m_state, v_state, slices,
-                       lr, mu, b1, b2, eps, bc1, bc2, wd, stamps):
+                       lr, mu, b1, b2, eps, bc1, bc2, wd, opt_ctx, stamps):
     """One gradient step on a batch of B transitions (b_* are the batch's fields, (B, S)
     states, (B,) the rest): encode s and s', target forward on s', online forward on s (and
     s' for double), targets and loss, backward, clipped update. Returns (loss, gradient
@@ -191,7 +191,7 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     mlp_backward_first(idx, x, sparse, Ws, deltas, gWs, gbs, n, panel)
     stamp(stamps, np.int64(8))
     norm = clipped_step(kind, clip, max_norm, params, grads, m_state, v_state, slices, lr, mu, b1, b2, eps, bc1,
-                        bc2, wd)
+                        bc2, wd, opt_ctx)
     stamp(stamps, np.int64(9))
     return loss, norm
 

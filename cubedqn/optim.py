@@ -26,8 +26,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit, types
+from numba.extending import intrinsic, overload
 
+from .blas import run_range
 from .nn import aligned_zeros
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
@@ -158,6 +160,85 @@ def update_slice(kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
         adam_update(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, kind == 4)
 
 
+# The update over chunks of the flat buffer. With the GEMM team on (--threads 2 and up), the
+# caller alone updating the weights whose lines the worker had read in the GEMMs took the
+# small net's optimizer phase from 0.028 ms a step on one thread to 0.064-0.067 (each such
+# line must leave the other core's cache first; docs/performance-log.md, stops 35 and 36).
+# So the float32 update goes through blas.run_range: chunks of whole RANGE_GRAIN elements,
+# shared by the team's threads where it runs, or one call of the whole range. Every call,
+# one thread or several, runs the same compiled update_chunk (a cfunc) on element ranges
+# that start at multiples of RANGE_GRAIN, so each element takes the same code path (the
+# vector loop or its tail) whichever thread runs it: the same bits on any thread count.
+# The context: a CTX_LEN-slot int64 array, the update's arrays and scalars (floats in the
+# float64 slots of the same buffer, read as such).
+CTX_FN, CTX_KIND, CTX_P, CTX_G, CTX_M, CTX_V, CTX_M_LEN, CTX_V_LEN = range(8)  # int64 slots
+CTX_SCALE, CTX_LR, CTX_MU, CTX_B1, CTX_B2, CTX_EPS, CTX_BC1, CTX_BC2, CTX_WD = range(8, 17)  # float64 slots
+CTX_LEN = 17
+RANGE_GRAIN = 1024  # elements: a whole number of every vector loop's steps (16 floats x unroll)
+
+
+@intrinsic
+def _address(typingctx, address):
+    """The voidptr at an integer address (the context's array slots)."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+    return types.voidptr(types.int64), codegen
+
+
+def update_chunk(ctx, lo, hi):
+    """update_slice on elements [lo, hi) of the flat buffers the context names (float32)."""
+    c = carray(ctx, CTX_LEN, np.int64)
+    f = carray(ctx, CTX_LEN, np.float64)
+    p = carray(_address(c[CTX_P]), hi, np.float32)
+    g = carray(_address(c[CTX_G]), hi, np.float32)
+    m = carray(_address(c[CTX_M]), c[CTX_M_LEN], np.float32)  # empty where the kind keeps none
+    v = carray(_address(c[CTX_V]), c[CTX_V_LEN], np.float32)
+    f32 = np.float32
+    update_slice(c[CTX_KIND], p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], f32(f[CTX_SCALE]), f32(f[CTX_LR]),
+                 f32(f[CTX_MU]), f32(f[CTX_B1]), f32(f[CTX_B2]), f32(f[CTX_EPS]), f32(f[CTX_BC1]), f32(f[CTX_BC2]),
+                 f32(f[CTX_WD]))
+
+
+_UPDATE_CHUNK = []  # the cfunc, compiled (or loaded from numba's cache) at the first Optimizer
+
+
+def update_chunk_address() -> int:
+    """Address of update_chunk as a void(voidptr, int64, int64) cfunc."""
+    if not _UPDATE_CHUNK:
+        _UPDATE_CHUNK.append(cfunc(types.void(types.voidptr, types.int64, types.int64), cache=True,
+                                   error_model="numpy")(update_chunk))
+    return _UPDATE_CHUNK[0].address
+
+
+def update_flat(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    """update_slice over whole flat buffers: float32 ones through the context ctx (see
+    above), others (float64: gradient checks) in place."""
+
+
+@overload(update_flat, jit_options={"nogil": True})
+def _update_flat_overload(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    if p.dtype != types.float32:
+        def in_place(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+            update_slice(kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
+        return in_place
+
+    def via_range(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+        f = ctx.view(np.float64)
+        ctx[CTX_KIND] = kind
+        ctx[CTX_P], ctx[CTX_G], ctx[CTX_M], ctx[CTX_V] = p.ctypes.data, g.ctypes.data, m.ctypes.data, v.ctypes.data
+        ctx[CTX_M_LEN], ctx[CTX_V_LEN] = m.shape[0], v.shape[0]
+        f[CTX_SCALE], f[CTX_LR], f[CTX_MU], f[CTX_B1], f[CTX_B2] = scale, lr, mu, b1, b2
+        f[CTX_EPS], f[CTX_BC1], f[CTX_BC2], f[CTX_WD] = eps, bc1, bc2, wd
+        run_range(_address(ctx[CTX_FN]), _address(ctx.ctypes.data), p.shape[0], RANGE_GRAIN)
+    return via_range
+
+
+@njit(cache=True, error_model="numpy")
+def flat_update(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    """update_flat, called from Python (Optimizer._update)."""
+    update_flat(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
+
+
 @njit(cache=True, error_model="numpy")
 def clip_factor(norm, max_norm):
     """The factor clipping to max_norm applies to a gradient of this norm (1 = no clip; a
@@ -176,9 +257,10 @@ def clipped_slice(kind, clip_on, max_norm, p, g, m, v, lr, mu, b1, b2, eps, bc1,
 
 
 @njit(cache=True, error_model="numpy")
-def clipped_step(kind, clip, max_norm, params, grads, m, v, slices, lr, mu, b1, b2, eps, bc1, bc2, wd):
+def clipped_step(kind, clip, max_norm, params, grads, m, v, slices, lr, mu, b1, b2, eps, bc1, bc2, wd, ctx):
     """Clip grads (clip: CLIP_CODES; `slices` (L, 2) are the layers' [lo, hi) for "layer")
-    and update params and state in place; returns the global norm before clipping."""
+    and update params and state in place (ctx: update_flat's context); returns the global
+    norm before clipping."""
     if clip == 1:
         total = 0.0
         for l in range(slices.shape[0]):
@@ -189,7 +271,7 @@ def clipped_step(kind, clip, max_norm, params, grads, m, v, slices, lr, mu, b1, 
         return np.sqrt(total)
     norm = np.sqrt(sq_norm(grads))
     scale = clip_factor(norm, max_norm) if clip == 0 else 1.0
-    update_slice(kind, params, grads, m, v, params.dtype.type(scale), lr, mu, b1, b2, eps, bc1, bc2, wd)
+    update_flat(ctx, kind, params, grads, m, v, params.dtype.type(scale), lr, mu, b1, b2, eps, bc1, bc2, wd)
     return norm
 
 
@@ -295,6 +377,10 @@ class Optimizer:
         f = self.dtype.type
         self._fixed = (KIND_CODES[kind], CLIP_CODES[clip], float(max_grad_norm), f(momentum), f(betas[0]),
                        f(betas[1]), f(eps), f(weight_decay))
+        # update_flat's context (its function slot set once; float64 buffers update in place)
+        self.ctx = aligned_zeros(CTX_LEN, np.int64)
+        if self.dtype == np.float32:
+            self.ctx[CTX_FN] = update_chunk_address()
 
     # -- one fused step over the whole buffer -------------------------------------------
     def step(self, params: np.ndarray, grads: np.ndarray) -> float:
@@ -309,7 +395,7 @@ class Optimizer:
         f, (kind, clip, max_norm, mu, b1, b2, eps, wd) = self.dtype.type, self._fixed
         t, (beta1, beta2) = self.t, self.betas
         return (kind, clip, max_norm, params, grads, self.m, self.v, self.slices, f(self.lr), mu, b1, b2, eps,
-                f(1 - beta1 ** t), f(1 - beta2 ** t), wd)
+                f(1 - beta1 ** t), f(1 - beta2 ** t), wd, self.ctx)
 
     def step_rows(self, params: np.ndarray, row_grads: np.ndarray, touched, n, width, tail_grads) -> float:
         """step() with a row-sparse head: rows touched[:n] of the head params[:dense_from]
@@ -354,14 +440,14 @@ class Optimizer:
 
         Call begin_step() once per step before the first apply (LOMO does this).
         """
-        kind, _, max_norm, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd = self.step_args(params, grad_slice)
+        kind, _, max_norm, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd, _ = self.step_args(params, grad_slice)
         return float(clipped_slice(kind, self.clip != "none", max_norm, params[lo:hi], grad_slice, m[lo:hi],
                                    v[lo:hi], lr, mu, b1, b2, eps, bc1, bc2, wd))
 
     def _update(self, params, g, lo, hi, scale):
-        kind, _, _, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd = self.step_args(params, g)
-        update_slice(kind, params[lo:hi], g, m[lo:hi], v[lo:hi], self.dtype.type(scale), lr, mu, b1, b2, eps,
-                     bc1, bc2, wd)
+        kind, _, _, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd, ctx = self.step_args(params, g)
+        flat_update(ctx, kind, params[lo:hi], g, m[lo:hi], v[lo:hi], self.dtype.type(scale), lr, mu, b1, b2, eps,
+                    bc1, bc2, wd)
 
     def state_arrays(self):
         return {"opt_m": self.m, "opt_v": self.v}

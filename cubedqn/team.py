@@ -39,8 +39,15 @@ sleepers it counts: a few microseconds, once after a long idle) or SET_TEAM runs
 whose index is at or past the team size in use sleeps there too, so an idle process and a
 team switched off cost no CPU.
 
-What it is not: a thread pool for anything but these two GEMM entry points, or a
-scheduler (no priorities, no affinity).
+TEAM_RANGE  void (fn, ctx, n, grain): fn(ctx, lo, hi) over [0, n), split the same way
+            into chunks of whole multiples of grain (n >= RANGE_MIN) or called once as
+            fn(ctx, 0, n); fn is a void (i8*, i64, i64) function pointer (the optimizer's
+            update, optim.py: the update of weights the worker read in the GEMMs, done by
+            the caller alone, ran 2.3x slower than on one thread; docs/performance-log.md,
+            stop 36).
+
+What it is not: a thread pool for anything but these entry points, or a scheduler (no
+priorities, no affinity).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ import llvmlite.ir as ir
 from .native import bias_gemm_type, declare, load_or_compile, sgemm_type
 
 TEAM_SGEMM, TEAM_BIAS = "cubedqn_team_sgemm64", "cubedqn_team_sgemm_bias"
+TEAM_RANGE = "cubedqn_team_range"  # void (fn, ctx, n, grain): fn(ctx, lo, hi) over chunks of [0, n)
 INNER_SGEMM, INNER_BIAS = "cubedqn_team_inner_sgemm64", "cubedqn_team_inner_bias"
 SET_TEAM = "cubedqn_team_set"      # i32 (i32 w): use w workers (started if new); returns w in use
 TEAM_STATS = "cubedqn_team_stats"  # void (i64 out[3]): products split, chunks workers took, workers in use
@@ -60,11 +68,14 @@ TEAM_FORKED = "cubedqn_team_forked"
 MAX_WORKERS = 15
 CHUNK_MIN = 32            # the tile's panel: chunks are whole panels
 SPLIT_MACS = 1 << 17      # ~1.2 us on one Zen 4 core; smaller products are not worth a hand-off
+RANGE_MIN = 1 << 15       # TEAM_RANGE splits ranges this long or longer (a momentum update of
+                          # that many floats: ~5 us on one Zen 4 core)
 SPIN_LOOKS = 4096         # looks before the naps: ~2 ms (a sched_yield each, ~0.4 us here: a
                           # ctypes loop of it against one of getpid, 0.69 against 0.31 us a call)
 DOZE_NAPS = 400           # naps of IDLE_US (~60 us each) before it sleeps until woken: ~25 ms
 IDLE_US = 50
 ROW_MAJOR, NO_TRANS = 101, 111
+KIND_PLAIN, KIND_BIAS, KIND_RANGE = 0, 1, 2  # the job's kind: TEAM_SGEMM, TEAM_BIAS, TEAM_RANGE
 # the job: fields of the product being split, stored before the job word is published
 JOB_FIELDS = ("kind", "ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "bias", "relu", "width")
 
@@ -99,6 +110,7 @@ def module_ir() -> str:
     job = global_("team_job", job_t, ir.Constant(job_t, [0] * len(JOB_FIELDS)))
 
     inner = declare(mod, INNER_SGEMM, sgemm_type())
+    range_fn_t = ir.FunctionType(ir.VoidType(), [i8p, i64, i64])  # TEAM_RANGE's fn(ctx, lo, hi)
     inner_bias = declare(mod, INNER_BIAS, bias_gemm_type())
     usleep = declare(mod, "usleep", ir.FunctionType(i32, [i32]))
     yield_cpu = declare(mod, "sched_yield", ir.FunctionType(i32, []))
@@ -145,8 +157,13 @@ def module_ir() -> str:
     a_ptr = b.inttoptr(f["a"], fp)
     b_ptr = b.gep(b.inttoptr(f["b"], fp), [b.select(tb_as_is, j0, b.mul(j0, f["ldb"]))])
     c_ptr = b.gep(b.inttoptr(f["c"], fp), [j0])
-    plain_bb, bias_bb = run.append_basic_block("plain"), run.append_basic_block("bias")
-    b.cbranch(b.icmp_signed("==", f["kind"], c64(0)), plain_bb, bias_bb)
+    plain_bb, bias_bb, range_bb = (run.append_basic_block(x) for x in ("plain", "bias", "range"))
+    switch = b.switch(f["kind"], bias_bb)
+    switch.add_case(c64(KIND_PLAIN), plain_bb)
+    switch.add_case(c64(KIND_RANGE), range_bb)
+    b.position_at_end(range_bb)  # a: the function, b: its context; elements [j0, j0 + width)
+    b.call(b.inttoptr(f["a"], range_fn_t.as_pointer()), [b.inttoptr(f["b"], i8p), j0, b.add(j0, width)])
+    b.ret(c64(1))
     b.position_at_end(plain_bb)
     b.call(inner, [c32(ROW_MAJOR), b.trunc(f["ta"], i32), b.trunc(f["tb"], i32), f["m"], width, f["k"],
                    ir.Constant(f32, 1.0), a_ptr, f["lda"], b_ptr, f["ldb"], ir.Constant(f32, 0.0), c_ptr, f["ldc"]])
@@ -309,14 +326,19 @@ def module_ir() -> str:
     b.ret_void()
 
     # --- the caller's side: split (kind 0 plain, 1 bias) or hand the product on as is
-    def emit_caller(fn, kind, args):
-        """args: dict of the job's fields as i64 (pointers as integers)."""
+    def emit_caller(fn, kind, args, unit=c64(CHUNK_MIN)):
+        """args: dict of the job's fields as i64 (pointers as integers); chunks are whole
+        multiples of `unit` columns (elements for KIND_RANGE; a constant or unit(b))."""
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        unit = unit(b) if callable(unit) else unit
         go, as_is = fn.append_basic_block("split.try"), fn.append_basic_block("as_is")
         w = b.sext(b.load_atomic(active, "monotonic", 4), i64)
         n, m, k = args["n"], args["m"], args["k"]
-        big = b.icmp_signed(">=", b.mul(b.mul(m, n), k), c64(SPLIT_MACS))
-        wide = b.icmp_signed(">=", n, c64(2 * CHUNK_MIN))
+        if kind == KIND_RANGE:
+            big = b.icmp_signed(">=", n, c64(RANGE_MIN))
+        else:
+            big = b.icmp_signed(">=", b.mul(b.mul(m, n), k), c64(SPLIT_MACS))
+        wide = b.icmp_signed(">=", n, b.mul(unit, c64(2)))
         worth_it = b.and_(b.icmp_signed(">", w, c64(0)), b.and_(big, wide))
         for extra in args.get("conds", ()):
             worth_it = b.and_(worth_it, extra(b))
@@ -328,10 +350,16 @@ def module_ir() -> str:
         b.position_at_end(lock_bb)
         # chunks: two per thread where N allows (a late worker still finds work), whole panels
         parts = b.mul(b.add(w, c64(1)), c64(2))
-        panels = b.sdiv(n, c64(CHUNK_MIN))
+        if kind == KIND_RANGE:  # grains (the last one partial) in at most `parts` chunks, the last the shortest
+            panels = b.sdiv(b.add(n, b.sub(unit, c64(1))), unit)
+        else:
+            panels = b.sdiv(n, unit)
         per = b.sdiv(b.add(panels, b.sub(parts, c64(1))), parts)  # panels per chunk, >= 1
-        width = b.mul(per, c64(CHUNK_MIN))
-        n_chunks = b.sdiv(n, width)  # the last chunk takes the columns past n_chunks * width
+        width = b.mul(per, unit)
+        if kind == KIND_RANGE:
+            n_chunks = b.sdiv(b.add(n, b.sub(width, c64(1))), width)
+        else:
+            n_chunks = b.sdiv(n, width)  # the last chunk takes the columns past n_chunks * width
         for name in JOB_FIELDS:
             value = {"kind": c64(kind), "width": width}.get(name, args.get(name, c64(0)))
             if isinstance(value.type, ir.PointerType):
@@ -371,10 +399,10 @@ def module_ir() -> str:
         b.position_at_end(wait_end)
         result = b.select(b.icmp_signed("!=", b.load_atomic(refused, "monotonic", 8), c64(0)), c64(0), c64(1))
         b.store_atomic(c32(0), owner, "release", 4)
-        if kind == 0:
-            b.ret_void()
-        else:
+        if kind == KIND_BIAS:
             b.ret(result)
+        else:
+            b.ret_void()
         b.position_at_end(as_is)
         return b
 
@@ -394,11 +422,41 @@ def module_ir() -> str:
         "ta": c64(NO_TRANS), "tb": c64(NO_TRANS), "m": M, "n": N, "k": K, "lda": lda, "ldb": ldb, "ldc": ldc,
         "a": A, "b": B, "c": C, "bias": bias, "relu": relu})
     b.ret(b.call(inner_bias, fn.args))
+
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [range_fn_t.as_pointer(), i8p, i64, i64]), name=TEAM_RANGE)
+    run_fn, ctx, n, grain = fn.args
+    b = emit_caller(fn, KIND_RANGE, {"m": c64(1), "n": n, "k": c64(1), "a": run_fn, "b": ctx},
+                    unit=lambda b: b.select(b.icmp_signed("<", grain, c64(1)), c64(1), grain))
+    b.call(run_fn, [ctx, c64(0), n])
+    b.ret_void()
     return str(mod)
 
 
+SERIAL_RANGE = "cubedqn_serial_range"  # TEAM_RANGE's signature, fn(ctx, 0, n) alone
+
+
+def serial_range_ir() -> str:
+    """SERIAL_RANGE: the range symbol's stand-in where the team is not built (CUBEDQN_TEAM=0,
+    platforms without pthreads)."""
+    mod = ir.Module(name="cubedqn_serial_range")
+    i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+    range_fn_t = ir.FunctionType(ir.VoidType(), [i8p, i64, i64])
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [range_fn_t.as_pointer(), i8p, i64, i64]), name=SERIAL_RANGE)
+    run_fn, ctx, n, _ = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    b.call(run_fn, [ctx, ir.Constant(i64, 0), n])
+    b.ret_void()
+    return str(mod)
+
+
+def compile_serial_range():
+    """(engine, "cache" or "compiled") with SERIAL_RANGE bound."""
+    return load_or_compile("serial_range", __file__, serial_range_ir, (SERIAL_RANGE,))
+
+
 def compile_team():
-    """(engine, "cache" or "compiled") with TEAM_SGEMM, TEAM_BIAS, SET_TEAM, TEAM_STATS and TEAM_FORKED
-    bound; INNER_SGEMM and INNER_BIAS must be bound before. Raises where LLVM cannot
+    """(engine, "cache" or "compiled") with TEAM_SGEMM, TEAM_BIAS, TEAM_RANGE, SET_TEAM, TEAM_STATS and
+    TEAM_FORKED bound; INNER_SGEMM and INNER_BIAS must be bound before. Raises where LLVM cannot
     compile the IR here."""
-    return load_or_compile("team", __file__, module_ir, (TEAM_SGEMM, TEAM_BIAS, SET_TEAM, TEAM_STATS, TEAM_FORKED))
+    return load_or_compile("team", __file__, module_ir,
+                           (TEAM_SGEMM, TEAM_BIAS, TEAM_RANGE, SET_TEAM, TEAM_STATS, TEAM_FORKED))

@@ -1,12 +1,14 @@
 """The GEMM team (team.py): products split by columns over resident workers give the inner
-GEMM's bits, the workers take chunks, callers on threads of their own stay correct, and the
---threads knob sets the team and the library as documented (threads.py)."""
+GEMM's bits, the workers take chunks, callers on threads of their own stay correct, the
+--threads knob sets the team and the library as documented (threads.py), and ranges
+(TEAM_RANGE, the optimizer's update) are split into whole grains that give one thread's bits."""
+import ctypes
 import threading
 import time
 
 import numpy as np
 import pytest
-from numba import njit
+from numba import carray, cfunc, njit, types
 
 from cubedqn import blas, team
 from cubedqn.threads import gemm_threads, limit_threads, one_gemm_thread, set_gemm_threads
@@ -226,3 +228,92 @@ def test_a_forked_child_starts_its_own_workers(one_worker):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# --- TEAM_RANGE: fn(ctx, lo, hi) over chunks of [0, n) -----------------------------------
+# the test's fn: rec = [n, grain, counts (n), chunk ends (one slot per grain)]: adds 1 to the
+# count of every element of its range and writes hi into the slot of the grain lo starts
+@cfunc(types.void(types.voidptr, types.int64, types.int64))
+def _mark_range(ctx, lo, hi):
+    head = carray(ctx, 2, np.int64)
+    n, grain = head[0], head[1]
+    rec = carray(ctx, 2 + n + n // grain + 1, np.int64)
+    for i in range(lo, hi):
+        rec[2 + i] += 1
+    rec[2 + n + lo // grain] = hi if lo % grain == 0 else -1  # -1: a chunk off the grain
+
+
+_RANGE_CTYPES = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+def _run_range(n, grain):
+    """The chunks run_range made of [0, n): [(lo, hi)], after checking each element was
+    in exactly one."""
+    g = max(grain, 1)
+    rec = np.zeros(2 + n + n // g + 1, np.int64)
+    rec[:2] = n, g
+    _RANGE_CTYPES(blas.RANGE_ADDRESS)(_mark_range.address, rec.ctypes.data, n, grain)
+    np.testing.assert_array_equal(rec[2:2 + n], 1)
+    ends = rec[2 + n:]
+    assert (ends >= 0).all()
+    return [(k * g, int(hi)) for k, hi in enumerate(ends) if hi > 0]
+
+
+@needs_team
+@pytest.mark.parametrize("n,grain", [(team.RANGE_MIN, 1024), (team.RANGE_MIN + 517, 1024), (105996, 1024),
+                                     (3 * team.RANGE_MIN + 1, 1000), (team.RANGE_MIN, 0), (team.RANGE_MIN - 1, 1024),
+                                     (5, 1024)])
+def test_ranges_are_split_into_whole_grains_each_element_once(one_worker, n, grain):
+    before = blas.team_stats()["split"]
+    chunks = _run_range(n, grain)
+    split = blas.team_stats()["split"] - before
+    assert split == int(n >= team.RANGE_MIN)
+    if split:  # two chunks per thread, each a whole number of grains but the last
+        assert len(chunks) == 4 and all((hi - lo) % max(grain, 1) == 0 for lo, hi in chunks[:-1])
+        start, deadline = blas.team_stats()["taken"], time.perf_counter() + 20
+        while blas.team_stats()["taken"] == start and time.perf_counter() < deadline:
+            assert _run_range(n, grain) == chunks  # and the same when the worker takes some
+        assert blas.team_stats()["taken"] > start
+    else:
+        assert chunks == [(0, n)]
+
+
+@needs_team
+def test_ranges_run_whole_with_the_team_off():
+    _team_or_skip()
+    before = blas.team_stats()["split"]
+    assert _run_range(105996, 1024) == [(0, 105996)]
+    assert blas.team_stats()["split"] == before
+
+
+@needs_team
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam", "adamw"])
+def test_optimizer_steps_split_over_the_team_give_the_same_bits(kind):
+    """The update of the flat buffer (optim.update_flat) split into chunks over the team:
+    the same parameters and moments as on one thread, on a length that is not a whole
+    number of grains, with clipping on some steps and weight decay, dense and row-sparse."""
+    from cubedqn.optim import Optimizer
+    _team_or_skip()
+    n, width, rows = 105996 + 37, 64, 40  # the row-sparse head: 40 rows of 64
+    out = {}
+    for workers in (0, 1):
+        limits = limit_threads(workers + 1)
+        try:
+            before = blas.team_stats()["split"]
+            rng = np.random.default_rng(5)
+            p = rng.standard_normal(n).astype(np.float32)
+            opt = Optimizer(kind, n, np.float32, [(0, n)], lr=1e-2, weight_decay=1e-3, max_grad_norm=5.0)
+            for step in range(6):
+                g = (rng.standard_normal(n) * (0.1 if step % 2 else 1e-3)).astype(np.float32)
+                if step < 4:
+                    opt.step(p, g)
+                else:
+                    touched = np.sort(rng.choice(rows, 9, replace=False)).astype(np.int32)
+                    opt.step_rows(p, g[:9 * width], touched, 9, width, g[rows * width:])
+            out[workers] = (p, opt.m, opt.v, opt.t)
+            assert (blas.team_stats()["split"] > before) == (workers > 0)
+        finally:
+            limits.restore()
+            limit_threads(1)
+    for a, b in zip(out[0][:3], out[1][:3]):
+        np.testing.assert_array_equal(a, b)
