@@ -169,11 +169,13 @@ def update_slice(kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
 # one thread or several, runs the same compiled update_chunk (a cfunc) on element ranges
 # that start at multiples of RANGE_GRAIN, so each element takes the same code path (the
 # vector loop or its tail) whichever thread runs it: the same bits on any thread count.
-# The context: a CTX_LEN-slot int64 array, the update's arrays and scalars (floats in the
-# float64 slots of the same buffer, read as such).
+# The same for the row-sparse update (update_rows_flat): chunks of whole rows of the touched
+# list. The context: a CTX_LEN-slot int64 array, the update's arrays and scalars (floats in
+# the float64 slots of the same buffer, read as such); CTX_WIDTH 0 for the dense update.
 CTX_FN, CTX_KIND, CTX_P, CTX_G, CTX_M, CTX_V, CTX_M_LEN, CTX_V_LEN = range(8)  # int64 slots
-CTX_SCALE, CTX_LR, CTX_MU, CTX_B1, CTX_B2, CTX_EPS, CTX_BC1, CTX_BC2, CTX_WD = range(8, 17)  # float64 slots
-CTX_LEN = 17
+CTX_P_LEN, CTX_ROWS, CTX_WIDTH = range(8, 11)
+CTX_SCALE, CTX_LR, CTX_MU, CTX_B1, CTX_B2, CTX_EPS, CTX_BC1, CTX_BC2, CTX_WD = range(11, 20)  # float64 slots
+CTX_LEN = 20
 RANGE_GRAIN = 1024  # elements: a whole number of every vector loop's steps (16 floats x unroll)
 
 
@@ -186,17 +188,25 @@ def _address(typingctx, address):
 
 
 def update_chunk(ctx, lo, hi):
-    """update_slice on elements [lo, hi) of the flat buffers the context names (float32)."""
+    """On the float32 buffers the context names: update_slice on elements [lo, hi), or
+    (CTX_WIDTH > 0) update_rows on the touched rows [lo / width, hi / width)."""
     c = carray(ctx, CTX_LEN, np.int64)
     f = carray(ctx, CTX_LEN, np.float64)
-    p = carray(_address(c[CTX_P]), hi, np.float32)
-    g = carray(_address(c[CTX_G]), hi, np.float32)
+    p = carray(_address(c[CTX_P]), c[CTX_P_LEN], np.float32)
     m = carray(_address(c[CTX_M]), c[CTX_M_LEN], np.float32)  # empty where the kind keeps none
     v = carray(_address(c[CTX_V]), c[CTX_V_LEN], np.float32)
+    g = carray(_address(c[CTX_G]), hi, np.float32)
     f32 = np.float32
-    update_slice(c[CTX_KIND], p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], f32(f[CTX_SCALE]), f32(f[CTX_LR]),
-                 f32(f[CTX_MU]), f32(f[CTX_B1]), f32(f[CTX_B2]), f32(f[CTX_EPS]), f32(f[CTX_BC1]), f32(f[CTX_BC2]),
-                 f32(f[CTX_WD]))
+    kind, width = c[CTX_KIND], c[CTX_WIDTH]
+    scale, lr, mu, b1, b2 = f32(f[CTX_SCALE]), f32(f[CTX_LR]), f32(f[CTX_MU]), f32(f[CTX_B1]), f32(f[CTX_B2])
+    eps, bc1, bc2, wd = f32(f[CTX_EPS]), f32(f[CTX_BC1]), f32(f[CTX_BC2]), f32(f[CTX_WD])
+    if width == 0:
+        update_slice(kind, p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
+    else:
+        r0, r1 = lo // width, hi // width
+        touched = carray(_address(c[CTX_ROWS]), r1, np.int64)
+        update_rows(kind, p, g[r0 * width:], m, v, touched[r0:], r1 - r0, width, scale, lr, mu, b1, b2, eps, bc1,
+                    bc2, wd)
 
 
 _UPDATE_CHUNK = []  # the cfunc, compiled (or loaded from numba's cache) at the first Optimizer
@@ -223,20 +233,53 @@ def _update_flat_overload(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1
         return in_place
 
     def via_range(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
-        f = ctx.view(np.float64)
-        ctx[CTX_KIND] = kind
-        ctx[CTX_P], ctx[CTX_G], ctx[CTX_M], ctx[CTX_V] = p.ctypes.data, g.ctypes.data, m.ctypes.data, v.ctypes.data
-        ctx[CTX_M_LEN], ctx[CTX_V_LEN] = m.shape[0], v.shape[0]
-        f[CTX_SCALE], f[CTX_LR], f[CTX_MU], f[CTX_B1], f[CTX_B2] = scale, lr, mu, b1, b2
-        f[CTX_EPS], f[CTX_BC1], f[CTX_BC2], f[CTX_WD] = eps, bc1, bc2, wd
+        fill_context(ctx, kind, p, g, m, v, np.int64(0), np.int64(0), scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
         run_range(_address(ctx[CTX_FN]), _address(ctx.ctypes.data), p.shape[0], RANGE_GRAIN)
     return via_range
+
+
+@njit(cache=True, error_model="numpy")
+def fill_context(ctx, kind, p, g, m, v, rows, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    """update_chunk's context for this update (the function slot is set once, by the Optimizer)."""
+    f = ctx.view(np.float64)
+    ctx[CTX_KIND] = kind
+    ctx[CTX_P], ctx[CTX_G], ctx[CTX_M], ctx[CTX_V] = p.ctypes.data, g.ctypes.data, m.ctypes.data, v.ctypes.data
+    ctx[CTX_P_LEN], ctx[CTX_M_LEN], ctx[CTX_V_LEN] = p.shape[0], m.shape[0], v.shape[0]
+    ctx[CTX_ROWS], ctx[CTX_WIDTH] = rows, width
+    f[CTX_SCALE], f[CTX_LR], f[CTX_MU], f[CTX_B1], f[CTX_B2] = scale, lr, mu, b1, b2
+    f[CTX_EPS], f[CTX_BC1], f[CTX_BC2], f[CTX_WD] = eps, bc1, bc2, wd
 
 
 @njit(cache=True, error_model="numpy")
 def flat_update(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
     """update_flat, called from Python (Optimizer._update)."""
     update_flat(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
+
+
+def update_rows_flat(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    """update_rows over rows touched[:n]: float32 buffers (int64 rows) through the context (chunks of
+    whole rows, shared by the team's threads where it runs; a row's update is the same code
+    whichever thread runs it: the same bits), others in place."""
+
+
+@overload(update_rows_flat, jit_options={"nogil": True})
+def _update_rows_flat_overload(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    if p.dtype != types.float32 or touched.dtype != types.int64:
+        def in_place(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+            update_rows(kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
+        return in_place
+
+    def via_range(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+        fill_context(ctx, kind, p, g, m, v, np.int64(touched.ctypes.data), width, scale, lr, mu, b1, b2, eps, bc1,
+                     bc2, wd)
+        run_range(_address(ctx[CTX_FN]), _address(ctx.ctypes.data), n * width, width)
+    return via_range
+
+
+@njit(cache=True, error_model="numpy")
+def flat_update_rows(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    """update_rows_flat, called from Python (Optimizer.step_rows)."""
+    update_rows_flat(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
 
 
 @njit(cache=True, error_model="numpy")
@@ -307,6 +350,17 @@ def adam_update_rows(p, g, m, v, touched, n, width, scale, lr, b1, b2, eps, bc1,
         else:
             adam_scaled(p[lo:hi], g[glo:glo + width], m[lo:hi], v[lo:hi], scale, b1, b2, c1, c2, step, eps_b, keep,
                         wd, decoupled)
+
+
+@njit(cache=True, error_model="numpy")
+def update_rows(kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
+    """The row-sparse update of one step (kind: KIND_CODES), update_slice's counterpart."""
+    if kind == 0:
+        sgd_update_rows(p, g, touched, n, width, scale, lr, wd)
+    elif kind <= 2:
+        momentum_update_rows(p, g, m, touched, n, width, scale, lr, mu, kind == 2, wd)
+    else:
+        adam_update_rows(p, g, m, v, touched, n, width, scale, lr, b1, b2, eps, bc1, bc2, wd, kind == 4)
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")
@@ -412,17 +466,9 @@ class Optimizer:
         dense_from = params.shape[0] - tail_grads.shape[0]
         norm = math.sqrt(sq_norm(row_grads[:n * width]) + sq_norm(tail_grads))
         scale = self.clip_scale(norm)
-        f = self.dtype.type
-        lr, wd, sc = f(self.lr), f(self.weight_decay), f(scale)
-        if self.kind == "sgd":
-            sgd_update_rows(params, row_grads, touched, n, width, sc, lr, wd)
-        elif self.kind in ("momentum", "nesterov"):
-            momentum_update_rows(params, row_grads, self.m, touched, n, width, sc, lr, f(self.momentum),
-                                 self.kind == "nesterov", wd)
-        else:
-            b1, b2 = self.betas
-            adam_update_rows(params, row_grads, self.m, self.v, touched, n, width, sc, lr, f(b1), f(b2),
-                             f(self.eps), f(1 - b1 ** self.t), f(1 - b2 ** self.t), wd, self.kind == "adamw")
+        kind, _, _, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd, ctx = self.step_args(params, row_grads)
+        flat_update_rows(ctx, kind, params, row_grads, m, v, touched, n, width, self.dtype.type(scale), lr, mu, b1,
+                         b2, eps, bc1, bc2, wd)
         self._update(params, tail_grads, dense_from, params.shape[0], scale)
         self.last_norm = norm
         return norm

@@ -294,7 +294,7 @@ def test_optimizer_steps_split_over_the_team_give_the_same_bits(kind):
     number of grains, with clipping on some steps and weight decay, dense and row-sparse."""
     from cubedqn.optim import Optimizer
     _team_or_skip()
-    n, width, rows = 105996 + 37, 64, 40  # the row-sparse head: 40 rows of 64
+    n, width, rows = 105996 + 37, 256, 300  # the row-sparse head: 300 rows of 256, 150 touched (split)
     out = {}
     for workers in (0, 1):
         limits = limit_threads(workers + 1)
@@ -308,8 +308,8 @@ def test_optimizer_steps_split_over_the_team_give_the_same_bits(kind):
                 if step < 4:
                     opt.step(p, g)
                 else:
-                    touched = np.sort(rng.choice(rows, 9, replace=False)).astype(np.int32)
-                    opt.step_rows(p, g[:9 * width], touched, 9, width, g[rows * width:])
+                    touched = np.sort(rng.choice(rows, 150, replace=False)).astype(np.int64)
+                    opt.step_rows(p, g[:150 * width], touched, 150, width, g[rows * width:])
             out[workers] = (p, opt.m, opt.v, opt.t)
             assert (blas.team_stats()["split"] > before) == (workers > 0)
         finally:
