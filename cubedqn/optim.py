@@ -2,7 +2,8 @@
 
 What this file is: one pass to measure the gradient norm (float32 partial sums, float64
 total) and one fused pass per step that scales by the clip factor, applies weight decay
-and updates parameters and optimizer state, with no temporary arrays. Learning-rate
+and updates parameters and optimizer state, with no temporary arrays; for float32 that pass
+runs in chunks on the GEMM team's threads where it runs (update_chunk, below). Learning-rate
 schedules (constant, linear, cosine) are evaluated once per step in Python.
 
 Conventions follow PyTorch: momentum v = mu*v + g, p -= lr*v (Nesterov: p -= lr*(g + mu*v));
