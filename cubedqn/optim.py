@@ -253,7 +253,7 @@ def fill_context(ctx, kind, p, g, m, v, rows, width, scale, lr, mu, b1, b2, eps,
 
 @njit(cache=True, error_model="numpy")
 def flat_update(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
-    """update_flat, called from Python (Optimizer._update)."""
+    """update_flat, called from Python (Optimizer.step_rows)."""
     update_flat(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
 
 
@@ -468,9 +468,10 @@ class Optimizer:
         norm = math.sqrt(sq_norm(row_grads[:n * width]) + sq_norm(tail_grads))
         scale = self.clip_scale(norm)
         kind, _, _, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd, ctx = self.step_args(params, row_grads)
-        flat_update_rows(ctx, kind, params, row_grads, m, v, touched, n, width, self.dtype.type(scale), lr, mu, b1,
-                         b2, eps, bc1, bc2, wd)
-        self._update(params, tail_grads, dense_from, params.shape[0], scale)
+        sc = self.dtype.type(scale)
+        flat_update_rows(ctx, kind, params, row_grads, m, v, touched, n, width, sc, lr, mu, b1, b2, eps, bc1, bc2, wd)
+        flat_update(ctx, kind, params[dense_from:], tail_grads, m[dense_from:], v[dense_from:], sc, lr, mu, b1, b2,
+                    eps, bc1, bc2, wd)
         self.last_norm = norm
         return norm
 
@@ -490,11 +491,6 @@ class Optimizer:
         kind, _, max_norm, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd, _ = self.step_args(params, grad_slice)
         return float(clipped_slice(kind, self.clip != "none", max_norm, params[lo:hi], grad_slice, m[lo:hi],
                                    v[lo:hi], lr, mu, b1, b2, eps, bc1, bc2, wd))
-
-    def _update(self, params, g, lo, hi, scale):
-        kind, _, _, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd, ctx = self.step_args(params, g)
-        flat_update(ctx, kind, params[lo:hi], g, m[lo:hi], v[lo:hi], self.dtype.type(scale), lr, mu, b1, b2, eps,
-                    bc1, bc2, wd)
 
     def state_arrays(self):
         return {"opt_m": self.m, "opt_v": self.v}
