@@ -3,7 +3,7 @@
 What this file is: one pass to measure the gradient norm (float32 partial sums, float64
 total) and one fused pass per step that scales by the clip factor, applies weight decay
 and updates parameters and optimizer state, with no temporary arrays; for float32 that pass
-runs in chunks on the GEMM team's threads where it runs (update_chunk, below). Learning-rate
+runs in chunks on the GEMM team's threads where it runs (update_chunk_*, below). Learning-rate
 schedules (constant, linear, cosine) are evaluated once per step in Python.
 
 Conventions follow PyTorch: momentum v = mu*v + g, p -= lr*v (Nesterov: p -= lr*(g + mu*v));
@@ -147,6 +147,7 @@ def adam_update(p, g, m, v, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
 # The whole step as kernels: what Optimizer.step runs, and the learner's fused step with it.
 KIND_CODES = {"sgd": 0, "momentum": 1, "nesterov": 2, "adam": 3, "adamw": 4}
 CLIP_CODES = {"global": 0, "layer": 1, "none": 2}
+KIND_NESTEROV, KIND_ADAMW = KIND_CODES["nesterov"], KIND_CODES["adamw"]  # as njit code reads them
 
 
 @njit(cache=True, error_model="numpy")
@@ -167,7 +168,7 @@ def update_slice(kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
 # line must leave the other core's cache first; docs/performance-log.md, stops 35 and 36).
 # So the float32 update goes through blas.run_range: chunks of whole RANGE_GRAIN elements,
 # shared by the team's threads where it runs, or one call of the whole range. Every call,
-# one thread or several, runs the same compiled update_chunk (a cfunc) on element ranges
+# one thread or several, runs the same compiled update_chunk_* (a cfunc) on element ranges
 # that start at multiples of RANGE_GRAIN, so each element takes the same code path (the
 # vector loop or its tail) whichever thread runs it: the same bits on any thread count.
 # The same for the row-sparse update (update_rows_flat): chunks of whole rows of the touched
@@ -188,9 +189,10 @@ def _address(typingctx, address):
     return types.voidptr(types.int64), codegen
 
 
-def update_chunk(ctx, lo, hi):
-    """On the float32 buffers the context names: update_slice on elements [lo, hi), or
-    (CTX_WIDTH > 0) update_rows on the touched rows [lo / width, hi / width)."""
+@njit(cache=True, error_model="numpy")
+def chunk_buffers(ctx, hi):
+    """What an update_chunk_* reads from the context: (kind, width, p, g[:hi], m, v,
+    (scale, lr, mu, b1, b2, eps, bc1, bc2, wd)), float32 arrays and scalars."""
     c = carray(ctx, CTX_LEN, np.int64)
     f = carray(ctx, CTX_LEN, np.float64)
     p = carray(_address(c[CTX_P]), c[CTX_P_LEN], np.float32)
@@ -198,27 +200,64 @@ def update_chunk(ctx, lo, hi):
     v = carray(_address(c[CTX_V]), c[CTX_V_LEN], np.float32)
     g = carray(_address(c[CTX_G]), hi, np.float32)
     f32 = np.float32
-    kind, width = c[CTX_KIND], c[CTX_WIDTH]
-    scale, lr, mu, b1, b2 = f32(f[CTX_SCALE]), f32(f[CTX_LR]), f32(f[CTX_MU]), f32(f[CTX_B1]), f32(f[CTX_B2])
-    eps, bc1, bc2, wd = f32(f[CTX_EPS]), f32(f[CTX_BC1]), f32(f[CTX_BC2]), f32(f[CTX_WD])
+    scalars = (f32(f[CTX_SCALE]), f32(f[CTX_LR]), f32(f[CTX_MU]), f32(f[CTX_B1]), f32(f[CTX_B2]), f32(f[CTX_EPS]),
+               f32(f[CTX_BC1]), f32(f[CTX_BC2]), f32(f[CTX_WD]))
+    return c[CTX_KIND], c[CTX_WIDTH], p, g, m, v, scalars
+
+
+@njit(cache=True, error_model="numpy")
+def chunk_rows(ctx, lo, hi, width):
+    """The touched rows [r0, r1) of a row-sparse chunk [lo, hi) and the touched list."""
+    r0, r1 = lo // width, hi // width
+    return r0, r1, carray(_address(carray(ctx, CTX_LEN, np.int64)[CTX_ROWS]), r1, np.int64)
+
+
+# One cfunc per family, so that a run compiles only its optimizer's updates (one cfunc
+# for all five added 0.8 s to a cold start, docs/performance-log.md, stop 36): each runs
+# the family's dense update on elements [lo, hi) (CTX_WIDTH 0), or its row-sparse update
+# on the touched rows [lo / width, hi / width).
+def update_chunk_sgd(ctx, lo, hi):
+    kind, width, p, g, m, v, (scale, lr, mu, b1, b2, eps, bc1, bc2, wd) = chunk_buffers(ctx, hi)
     if width == 0:
-        update_slice(kind, p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
+        sgd_update(p[lo:hi], g[lo:hi], scale, lr, wd)
     else:
-        r0, r1 = lo // width, hi // width
-        touched = carray(_address(c[CTX_ROWS]), r1, np.int64)
-        update_rows(kind, p, g[r0 * width:], m, v, touched[r0:], r1 - r0, width, scale, lr, mu, b1, b2, eps, bc1,
-                    bc2, wd)
+        r0, r1, touched = chunk_rows(ctx, lo, hi, width)
+        sgd_update_rows(p, g[r0 * width:], touched[r0:], r1 - r0, width, scale, lr, wd)
 
 
-_UPDATE_CHUNK = []  # the cfunc, compiled (or loaded from numba's cache) at the first Optimizer
+def update_chunk_momentum(ctx, lo, hi):
+    kind, width, p, g, m, v, (scale, lr, mu, b1, b2, eps, bc1, bc2, wd) = chunk_buffers(ctx, hi)
+    nesterov = kind == KIND_NESTEROV
+    if width == 0:
+        momentum_update(p[lo:hi], g[lo:hi], m[lo:hi], scale, lr, mu, nesterov, wd)
+    else:
+        r0, r1, touched = chunk_rows(ctx, lo, hi, width)
+        momentum_update_rows(p, g[r0 * width:], m, touched[r0:], r1 - r0, width, scale, lr, mu, nesterov, wd)
 
 
-def update_chunk_address() -> int:
-    """Address of update_chunk as a void(voidptr, int64, int64) cfunc."""
-    if not _UPDATE_CHUNK:
-        _UPDATE_CHUNK.append(cfunc(types.void(types.voidptr, types.int64, types.int64), cache=True,
-                                   error_model="numpy")(update_chunk))
-    return _UPDATE_CHUNK[0].address
+def update_chunk_adam(ctx, lo, hi):
+    kind, width, p, g, m, v, (scale, lr, mu, b1, b2, eps, bc1, bc2, wd) = chunk_buffers(ctx, hi)
+    decoupled = kind == KIND_ADAMW
+    if width == 0:
+        adam_update(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled)
+    else:
+        r0, r1, touched = chunk_rows(ctx, lo, hi, width)
+        adam_update_rows(p, g[r0 * width:], m, v, touched[r0:], r1 - r0, width, scale, lr, b1, b2, eps, bc1, bc2,
+                         wd, decoupled)
+
+
+CHUNK_FAMILIES = {"sgd": update_chunk_sgd, "momentum": update_chunk_momentum, "nesterov": update_chunk_momentum,
+                  "adam": update_chunk_adam, "adamw": update_chunk_adam}
+_CHUNK_CFUNCS = {}  # family function -> its cfunc, compiled (or loaded from numba's cache) at first use
+
+
+def update_chunk_address(kind: str) -> int:
+    """Address of the optimizer kind's update_chunk_* as a void(voidptr, int64, int64) cfunc."""
+    fn = CHUNK_FAMILIES[kind]
+    if fn not in _CHUNK_CFUNCS:
+        _CHUNK_CFUNCS[fn] = cfunc(types.void(types.voidptr, types.int64, types.int64), cache=True,
+                                  error_model="numpy")(fn)
+    return _CHUNK_CFUNCS[fn].address
 
 
 def update_flat(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
@@ -241,7 +280,7 @@ def _update_flat_overload(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1
 
 @njit(cache=True, error_model="numpy")
 def fill_context(ctx, kind, p, g, m, v, rows, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
-    """update_chunk's context for this update (the function slot is set once, by the Optimizer)."""
+    """update_chunk_*'s context for this update (the function slot is set once, by the Optimizer)."""
     f = ctx.view(np.float64)
     ctx[CTX_KIND] = kind
     ctx[CTX_P], ctx[CTX_G], ctx[CTX_M], ctx[CTX_V] = p.ctypes.data, g.ctypes.data, m.ctypes.data, v.ctypes.data
@@ -435,7 +474,7 @@ class Optimizer:
         # update_flat's context (its function slot set once; float64 buffers update in place)
         self.ctx = aligned_zeros(CTX_LEN, np.int64)
         if self.dtype == np.float32:
-            self.ctx[CTX_FN] = update_chunk_address()
+            self.ctx[CTX_FN] = update_chunk_address(kind)
 
     # -- one fused step over the whole buffer -------------------------------------------
     def step(self, params: np.ndarray, grads: np.ndarray) -> float:
