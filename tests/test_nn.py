@@ -293,18 +293,18 @@ def test_row_sparse_update_is_lazy_version_of_dense(kind):
             p, compact, rows.astype(np.int64), len(rows), width, g[dense_from:])
 
 
-@pytest.mark.parametrize("kind", ["adam", "adamw"])
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam", "adamw"])
 @pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
-def test_lazy_adam_rows_get_the_dense_update(kind, max_grad_norm):
+def test_lazy_rows_get_the_dense_update(kind, max_grad_norm):
     """With the same rows touched every step, the lazy update's touched rows (and the
     dense tail) take the dense float32 update's values, moments included (to rounding: the
-    two sum the gradient's norm in different orders), through each of Adam's loops
-    (max_grad_norm 0: scale 1, the plain loop; 1.0: clipped, the scaled one)."""
+    two sum the gradient's norm in different orders), through each family's cfunc and each
+    of Adam's loops (max_grad_norm 0: scale 1, the plain loop; 1.0: clipped, the scaled one)."""
     layout = Layout(in_dim=40, n_active=3, hidden=(37,), n_actions=4)  # rows of 37: vector tails
     rng = np.random.default_rng(2)
     width, dense_from = 37, 40 * 37
     p = rng.normal(size=layout.size).astype(np.float32)
-    p_dense = p.copy()
+    p0, p_dense = p.copy(), p.copy()
     kw = dict(lr=0.05, weight_decay=0.01 if kind == "adamw" else 0.0, max_grad_norm=max_grad_norm)
     opt = Optimizer(kind, layout.size, np.float32, layer_slices(layout), **kw)
     opt_dense = Optimizer(kind, layout.size, np.float32, layer_slices(layout), **kw)
@@ -317,8 +317,33 @@ def test_lazy_adam_rows_get_the_dense_update(kind, max_grad_norm):
         opt.step_rows(p, compact, rows, len(rows), width, g[dense_from:])
         opt_dense.step(p_dense, g)
     assert max_grad_norm == 0 or opt.last_norm > max_grad_norm
+    assert np.abs(p[mine] - p0[mine]).min() > 0  # every touched parameter moved
     for mine_arr, dense_arr in ((p, p_dense), (opt.m, opt_dense.m), (opt.v, opt_dense.v)):
-        np.testing.assert_allclose(mine_arr[mine], dense_arr[mine], rtol=2e-6, atol=1e-9)
+        if len(dense_arr):  # (state the kind keeps)
+            np.testing.assert_allclose(mine_arr[mine], dense_arr[mine], rtol=2e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov"])
+@pytest.mark.parametrize("max_grad_norm", [0.0, 1.0])
+def test_float32_sgd_and_momentum_match_reference(kind, max_grad_norm):
+    """The float32 update (the family's cfunc, vectorised, fastmath) against the float64
+    reference; Adam's float32 loops have their own test above. Long enough for the range
+    to split into chunks where the team runs."""
+    n = 40_003
+    rng = np.random.default_rng(6)
+    p0 = rng.normal(0, 1, n).astype(np.float32)
+    p, p_ref = p0.copy(), p0.astype(np.float64)
+    kw = dict(lr=0.01, momentum=0.9, weight_decay=0.01, max_grad_norm=max_grad_norm)
+    opt = Optimizer(kind, n, np.float32, [(0, n)], **kw)
+    opt_ref = ref.ReferenceOptimizer(kind, n, [(0, n)], **kw)
+    for _ in range(6):
+        g = rng.normal(0, 0.05, n).astype(np.float32)
+        opt.step(p, g)
+        opt_ref.step(p_ref, g.astype(np.float64))
+    assert max_grad_norm == 0 or opt.last_norm > max_grad_norm  # the clipped case does clip
+    np.testing.assert_allclose(p, p_ref, rtol=0, atol=2e-6)
+    if kind != "sgd":
+        np.testing.assert_allclose(opt.m, opt_ref.m, rtol=1e-5, atol=1e-7)
 
 
 def test_views_of_a_buffer_that_starts_at_the_first_bias():
