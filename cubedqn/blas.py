@@ -34,7 +34,9 @@ Threads: in front of all of that, team.py's wrappers are bound to SYMBOL and BIA
 it for --threads w + 1), larger products are split by columns between the caller and w
 resident workers, each chunk one call of what the wrapper stands in front of; with w = 0
 they only pass the call on. The same workers run RANGE_SYMBOL (`run_range`): a function
-over chunks of a range, the optimizer's update over the flat buffer (optim.py).
+over chunks of a range: the optimizer's update over the flat buffer (optim.py), and
+the first layer's row gather where W1 is too big for the panels (nn.py), which finds its
+function in a table at run time (range_fn, share_range_fn).
 
 The choice lives in the symbol, not in the compiled kernels: a kernel loaded from Numba's
 cache calls `cubedqn_sgemm64` by name, so it stays valid when the choice changes. float64
@@ -61,9 +63,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import llvmlite.binding as llb
+import llvmlite.ir as llir
 import numpy as np
 from numba import carray, cfunc, njit, types
-from numba.extending import overload
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from . import team, tile_bf16, tile_gemm
 
@@ -86,9 +90,61 @@ _sgemm_bias = types.ExternalFunction(BIAS_SYMBOL, BIAS_SIG)
 RANGE_SYMBOL = "cubedqn_range"
 RANGE_SIG = types.void(types.voidptr, types.voidptr, _i64, _i64)
 run_range = types.ExternalFunction(RANGE_SYMBOL, RANGE_SIG)
+# A table of such functions that kernels look up at run time (range_fn): a cfunc's address
+# differs from process to process, so a cached kernel cannot hold it; it holds this
+# table's name, bound here at import, and finds 0 in a slot until something fills it
+# (share_range_fn: nn.py's row gather, filled when the team first starts).
+RANGE_FNS_SYMBOL = "cubedqn_range_fns"
+RANGE_FN_SLOTS = 8
+_RANGE_FNS = (ctypes.c_int64 * RANGE_FN_SLOTS)()
+llb.add_symbol(RANGE_FNS_SYMBOL, ctypes.addressof(_RANGE_FNS))
+LOCAL_SLOTS = 16  # int64 slots of local_slots()'s context
 _CTYPES_SIG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
+
+
+@intrinsic
+def voidptr_at(typingctx, address):
+    """The voidptr at an integer address (a context's slots, a range_fn)."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+    return types.voidptr(types.int64), codegen
+
+
+@intrinsic
+def range_fn(typingctx, slot):
+    """The address in slot `slot` of the range-function table (0 where none is set)."""
+    def codegen(context, builder, sig, args):
+        table_t = llir.ArrayType(llir.IntType(64), RANGE_FN_SLOTS)
+        table = builder.module.globals.get(RANGE_FNS_SYMBOL)
+        if table is None:  # a declaration: the address comes from the symbol bound at import
+            table = llir.GlobalVariable(builder.module, table_t, RANGE_FNS_SYMBOL)
+        return builder.load(builder.gep(table, [llir.Constant(llir.IntType(32), 0), args[0]]))
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def local_slots(typingctx):
+    """A voidptr to LOCAL_SLOTS int64 slots on the calling kernel's stack (in its entry
+    block, so a loop does not grow it): a run_range context that lives as long as the
+    call, which waits for every chunk, with no allocation."""
+    def codegen(context, builder, sig, args):
+        slots = cgutils.alloca_once(builder, llir.ArrayType(llir.IntType(64), LOCAL_SLOTS))
+        return builder.bitcast(slots, context.get_value_type(types.voidptr))
+    return types.voidptr(), codegen
+
+
+_RANGE_BUILDERS = {}  # slot -> a function that compiles (or loads) its cfunc and returns the address
+
+
+def share_range_fn(slot: int, build):
+    """Kernels that split work over the team look up range_fn(slot): build() (compiling a
+    cfunc, or loading it from numba's cache) fills that slot when the team first starts, so
+    that a run on one thread never compiles it (its kernels find 0 there and work alone)."""
+    _RANGE_BUILDERS[slot] = build
+    if team_workers() > 0:
+        _RANGE_FNS[slot] = build()
 
 
 def gemm(a, b, out):
@@ -533,6 +589,10 @@ def set_team(workers: int) -> int:
             if not _team_checked:
                 setter(0)
                 return 0
+        if workers > 0:
+            for slot, build in _RANGE_BUILDERS.items():
+                if not _RANGE_FNS[slot]:
+                    _RANGE_FNS[slot] = build()
         return int(setter(max(0, int(workers))))
 
 

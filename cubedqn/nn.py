@@ -24,11 +24,12 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, types
+from numba import carray, cfunc, njit, types
 from numba.extending import overload
 
 from . import panels
-from .blas import gemm, gemm_bias_relu
+from .blas import LOCAL_SLOTS, gemm, gemm_bias_relu, local_slots, range_fn, run_range, share_range_fn, voidptr_at
+from .team import RANGE_MIN
 
 HUBER, MSE = 0, 1
 PANEL_MAX_IN = 384  # widest W1 (input rows) the panel kernels take: a 48 KB panel
@@ -248,6 +249,69 @@ def sparse_backward(idx, dout, dW, db):
             w = dW[idx[i, k]]
             for j in range(h):
                 w[j] += d[j]
+
+
+# The row gather over the GEMM team (--threads 2 and up): sparse_forward on chunks of whole
+# rows, shared by the team's threads through blas.run_range. Each row is summed by the same
+# compiled code whichever thread takes it, so the bits do not depend on the thread count.
+# Where W1 is too big for the panels (the cube2 presets' 9.5 MB slot-pair layer, its rows
+# in L3), one thread's gathers wait on memory: a numba prange over two halves of 128 and
+# 448 rows of that layer ran 1.6x and 1.8x one thread (docs/performance-log.md, stop 37).
+GATHER_SLOT = 0  # its slot in blas's range-function table
+G_IDX, G_W, G_B, G_OUT, G_ROWS, G_ACTIVE, G_IN, G_H, G_RELU, G_GRAIN = range(10)  # context slots
+assert G_GRAIN < LOCAL_SLOTS
+
+
+def gather_chunk(ctx, lo, hi):
+    """sparse_forward on rows [lo / grain, hi / grain) of the context's float32 operands."""
+    c = carray(ctx, G_GRAIN + 1, np.int64)
+    n, s, h, grain = c[G_ROWS], c[G_ACTIVE], c[G_H], c[G_GRAIN]
+    idx = carray(voidptr_at(c[G_IDX]), (n, s), np.int32)
+    W = carray(voidptr_at(c[G_W]), (c[G_IN], h), np.float32)
+    b = carray(voidptr_at(c[G_B]), h, np.float32)
+    out = carray(voidptr_at(c[G_OUT]), (n, h), np.float32)
+    r0, r1 = lo // grain, hi // grain
+    sparse_forward(idx[r0:r1], W, b, out[r0:r1], c[G_RELU] != 0)
+
+
+def _gather_chunk_address():
+    return cfunc(types.void(types.voidptr, types.int64, types.int64), cache=True, error_model="numpy",
+                 nogil=True)(gather_chunk).address
+
+
+share_range_fn(GATHER_SLOT, _gather_chunk_address)
+
+
+def sparse_forward_shared(idx, W, b, out, relu):
+    """sparse_forward, its rows shared by the team's threads where the team runs (float32
+    operands in C order, int32 rows; else, or with few rows, the calling thread alone).
+    From Python: the calling thread alone (the split is this function's njit overload)."""
+    sparse_forward(idx, W, b, out, relu)
+
+
+@overload(sparse_forward_shared, jit_options={"nogil": True})
+def _sparse_forward_shared_overload(idx, W, b, out, relu):
+    if not (idx.dtype == types.int32 and W.dtype == b.dtype == out.dtype == types.float32 and
+            idx.layout == W.layout == b.layout == out.layout == "C"):
+        def alone(idx, W, b, out, relu):
+            sparse_forward(idx, W, b, out, relu)
+        return alone
+
+    def shared(idx, W, b, out, relu):
+        n, s = idx.shape
+        h = W.shape[1]
+        grain = max(1, h * s // 8)  # a row's work in units of ~8 adds
+        fn = range_fn(np.int64(GATHER_SLOT))
+        if fn == 0 or n * grain < RANGE_MIN:
+            sparse_forward(idx, W, b, out, relu)
+            return
+        ctx = local_slots()
+        c = carray(ctx, G_GRAIN + 1, np.int64)
+        c[G_IDX], c[G_W], c[G_B], c[G_OUT] = idx.ctypes.data, W.ctypes.data, b.ctypes.data, out.ctypes.data
+        c[G_ROWS], c[G_ACTIVE], c[G_IN], c[G_H] = n, s, W.shape[0], h
+        c[G_RELU], c[G_GRAIN] = 1 if relu else 0, grain
+        run_range(voidptr_at(fn), ctx, n * grain, grain)
+    return shared
 
 
 def _panel_gather(idx, W, b, out, relu, panel, groups):
@@ -489,7 +553,7 @@ def sparse_forward_panels(idx, W, b, out, relu, panel, groups):
     h = W.shape[1]
     done = _panel_gather(idx, W, b, out, relu, panel, groups)
     if done == 0:
-        sparse_forward(idx, W, b, out, relu)
+        sparse_forward_shared(idx, W, b, out, relu)
         return
     for i in range(n):
         for j in range(done, h):

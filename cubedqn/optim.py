@@ -28,9 +28,9 @@ import math
 
 import numpy as np
 from numba import carray, cfunc, njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
-from .blas import run_range
+from .blas import run_range, voidptr_at
 from .nn import aligned_zeros
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
@@ -181,24 +181,16 @@ CTX_LEN = 20
 RANGE_GRAIN = 1024  # elements: a whole number of every vector loop's steps (16 floats x unroll)
 
 
-@intrinsic
-def _address(typingctx, address):
-    """The voidptr at an integer address (the context's array slots)."""
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
-    return types.voidptr(types.int64), codegen
-
-
 @njit(cache=True, error_model="numpy")
 def chunk_buffers(ctx, hi):
     """What an update_chunk_* reads from the context: (kind, width, p, g[:hi], m, v,
     (scale, lr, mu, b1, b2, eps, bc1, bc2, wd)), float32 arrays and scalars."""
     c = carray(ctx, CTX_LEN, np.int64)
     f = carray(ctx, CTX_LEN, np.float64)
-    p = carray(_address(c[CTX_P]), c[CTX_P_LEN], np.float32)
-    m = carray(_address(c[CTX_M]), c[CTX_M_LEN], np.float32)  # empty where the kind keeps none
-    v = carray(_address(c[CTX_V]), c[CTX_V_LEN], np.float32)
-    g = carray(_address(c[CTX_G]), hi, np.float32)
+    p = carray(voidptr_at(c[CTX_P]), c[CTX_P_LEN], np.float32)
+    m = carray(voidptr_at(c[CTX_M]), c[CTX_M_LEN], np.float32)  # empty where the kind keeps none
+    v = carray(voidptr_at(c[CTX_V]), c[CTX_V_LEN], np.float32)
+    g = carray(voidptr_at(c[CTX_G]), hi, np.float32)
     f32 = np.float32
     scalars = (f32(f[CTX_SCALE]), f32(f[CTX_LR]), f32(f[CTX_MU]), f32(f[CTX_B1]), f32(f[CTX_B2]), f32(f[CTX_EPS]),
                f32(f[CTX_BC1]), f32(f[CTX_BC2]), f32(f[CTX_WD]))
@@ -209,7 +201,7 @@ def chunk_buffers(ctx, hi):
 def chunk_rows(ctx, lo, hi, width):
     """The touched rows [r0, r1) of a row-sparse chunk [lo, hi) and the touched list."""
     r0, r1 = lo // width, hi // width
-    return r0, r1, carray(_address(carray(ctx, CTX_LEN, np.int64)[CTX_ROWS]), r1, np.int64)
+    return r0, r1, carray(voidptr_at(carray(ctx, CTX_LEN, np.int64)[CTX_ROWS]), r1, np.int64)
 
 
 # One cfunc per family, so that a run compiles only its optimizer's updates (one cfunc
@@ -274,7 +266,7 @@ def _update_flat_overload(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1
 
     def via_range(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
         fill_context(ctx, kind, p, g, m, v, np.int64(0), np.int64(0), scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
-        run_range(_address(ctx[CTX_FN]), _address(ctx.ctypes.data), p.shape[0], RANGE_GRAIN)
+        run_range(voidptr_at(ctx[CTX_FN]), voidptr_at(ctx.ctypes.data), p.shape[0], RANGE_GRAIN)
     return via_range
 
 
@@ -312,7 +304,7 @@ def _update_rows_flat_overload(ctx, kind, p, g, m, v, touched, n, width, scale, 
     def via_range(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
         fill_context(ctx, kind, p, g, m, v, np.int64(touched.ctypes.data), width, scale, lr, mu, b1, b2, eps, bc1,
                      bc2, wd)
-        run_range(_address(ctx[CTX_FN]), _address(ctx.ctypes.data), n * width, width)
+        run_range(voidptr_at(ctx[CTX_FN]), voidptr_at(ctx.ctypes.data), n * width, width)
     return via_range
 
 

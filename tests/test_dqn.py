@@ -871,19 +871,23 @@ def test_run_stops_after_the_gradient_step_at_which_until_returns_true():
     assert t.grad_steps == 9
 
 
-@pytest.mark.parametrize("mode", ["team", "library"])
-def test_training_with_gemm_thread_switches_equals_one_thread_bitwise(mode):
+@pytest.mark.parametrize("mode,inputs", [("team", "stickers"), ("library", "stickers"), ("team", "pairs")])
+def test_training_with_gemm_thread_switches_equals_one_thread_bitwise(mode, inputs):
     """Probes switch the GEMMs between 2 threads and 1 many times; the run's parameters are
     the same bits as a one-thread run's, where the BLAS is row-exact (tests/blas_rows.py):
     with the team (team.py) every element is one inner call's whichever column chunk it
-    falls in; with the library's own threads (where there is no team), OpenBLAS splits
-    rows and columns, not sums."""
+    falls in, and the team's ranges (the optimizer's update, the slot-pair first layer's
+    row gather, the lazy rows of the all-actions preset's configuration) run the same code
+    on every element; with the library's own threads (where there is no team), OpenBLAS
+    splits rows and columns, not sums."""
     from cubedqn import blas
     from cubedqn.threads import BlasThreadTuner, limit_threads, set_blas_threads, set_gemm_threads
     if mode == "team" and blas.team_problem():
         pytest.skip(blas.team_problem())
     base = dict(puzzle="cube2", hidden=(256, 256), n_envs=16, batch_size=64, learning_starts=64,
                 buffer_size=2000, steps=60, optimizer="adam", targets="double", input_encoding="stickers", seed=5)
+    if inputs == "pairs":  # the cube2 presets' network, targets and lazy first-layer update
+        base.update(input_encoding="pairs", targets="all-actions", batch_size=128, learning_starts=128)
     switch = set_gemm_threads if mode == "team" else set_blas_threads
     try:
         limit_threads(1)

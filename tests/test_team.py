@@ -317,3 +317,42 @@ def test_optimizer_steps_split_over_the_team_give_the_same_bits(kind):
             limit_threads(1)
     for a, b in zip(out[0][:3], out[1][:3]):
         np.testing.assert_array_equal(a, b)
+
+
+@needs_team
+@pytest.mark.parametrize("rows,active,relu", [(448, 21, True), (129, 21, False), (12, 21, True), (300, 7, True)])
+def test_row_gather_shared_over_the_team_gives_one_threads_bits(one_worker, rows, active, relu):
+    """nn.sparse_forward_shared (the first layer's row gather where W1 is too big for the
+    panels) split into chunks of whole rows: sparse_forward's bits on every row, split where
+    the rows are enough work (the first two shapes) and whole where they are not; the
+    workspace's path (sparse_forward_panels without a panel scratch) takes it."""
+    from cubedqn.nn import sparse_forward, sparse_forward_panels, sparse_forward_shared
+    rng = np.random.default_rng(rows)
+    W = rng.standard_normal((9261, 256)).astype(np.float32)
+    b = rng.standard_normal(256).astype(np.float32)
+    idx = rng.integers(0, 9261, (rows, active)).astype(np.int32)
+    want = np.full((rows, 256), np.nan, np.float32)
+    sparse_forward(idx, W, b, want, relu)
+    big = rows * (256 * active // 8) >= team.RANGE_MIN
+    for fn, extra in ((njit(lambda *a: sparse_forward_shared(*a)), ()), (sparse_forward_panels, (None, None))):
+        got = np.full((rows, 256), np.nan, np.float32)
+        before = blas.team_stats()["split"]
+        fn(idx, W, b, got, relu, *extra)
+        assert blas.team_stats()["split"] - before == int(big)
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_team
+def test_row_gather_runs_alone_with_the_team_off():
+    from cubedqn.nn import sparse_forward, sparse_forward_shared
+    _team_or_skip()
+    rng = np.random.default_rng(1)
+    W = rng.standard_normal((500, 64)).astype(np.float32)
+    b = np.zeros(64, np.float32)
+    idx = rng.integers(0, 500, (4096, 9)).astype(np.int32)
+    want, got = np.empty((4096, 64), np.float32), np.empty((4096, 64), np.float32)
+    sparse_forward(idx, W, b, want, True)
+    before = blas.team_stats()["split"]
+    njit(lambda *a: sparse_forward_shared(*a))(idx, W, b, got, True)
+    assert blas.team_stats()["split"] == before
+    np.testing.assert_array_equal(got, want)
