@@ -98,7 +98,6 @@ RANGE_FNS_SYMBOL = "cubedqn_range_fns"
 RANGE_FN_SLOTS = 8
 _RANGE_FNS = (ctypes.c_int64 * RANGE_FN_SLOTS)()
 llb.add_symbol(RANGE_FNS_SYMBOL, ctypes.addressof(_RANGE_FNS))
-LOCAL_SLOTS = 16  # int64 slots of local_slots()'s context
 _CTYPES_SIG = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)
@@ -124,15 +123,19 @@ def range_fn(typingctx, slot):
     return types.int64(types.int64), codegen
 
 
-@intrinsic
-def local_slots(typingctx):
-    """A voidptr to LOCAL_SLOTS int64 slots on the calling kernel's stack (in its entry
-    block, so a loop does not grow it): a run_range context that lives as long as the
-    call, which waits for every chunk, with no allocation."""
+@intrinsic(prefer_literal=True)
+def local_slots(typingctx, count):
+    """A voidptr to `count` (a constant) int64 slots on the calling kernel's stack, in its
+    entry block, so a loop does not grow it: a run_range context that lives as long as the
+    call, which waits for every chunk, or a chunk's scratch, with no allocation."""
+    if not isinstance(count, types.IntegerLiteral):
+        raise TypeError("local_slots needs a constant count")
+    size = count.literal_value
+
     def codegen(context, builder, sig, args):
-        slots = cgutils.alloca_once(builder, llir.ArrayType(llir.IntType(64), LOCAL_SLOTS))
+        slots = cgutils.alloca_once(builder, llir.ArrayType(llir.IntType(64), size))
         return builder.bitcast(slots, context.get_value_type(types.voidptr))
-    return types.voidptr(), codegen
+    return types.voidptr(count), codegen
 
 
 _RANGE_BUILDERS = {}  # slot -> a function that compiles (or loads) its cfunc and returns the address

@@ -23,9 +23,11 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit, types
 
+from .blas import local_slots, range_fn, run_range, share_range_fn, voidptr_at
 from .children import ChildCodes
+from .team import RANGE_MIN
 from .cube import conjugate_states, encode_index, encode_onehot, sticker_order, symmetries
 
 
@@ -43,6 +45,86 @@ def find_rotations(states, home_facelets, colours, rot_out):
             if st[home_facelets[r, 0]] == c0 and st[home_facelets[r, 1]] == c1 and st[home_facelets[r, 2]] == c2:
                 rot_out[i] = r
                 break
+
+
+# Framing over the GEMM team (--threads 2 and up): find_rotations and choose_frame on chunks
+# of whole states, shared by the team's threads through blas.run_range (each state is
+# framed alone, by the same code whichever thread takes it: the same frames and codes).
+# About 1 us a state here, it was half of the cube2 preset's step that did not use the
+# second core with the first layer's gather (docs/performance-log.md, stop 37). The chunk
+# function reads the encoder's tables from a context the Encoder fills once (FRAME_TABLES:
+# each table's address and up to three dimensions in TABLE_STRIDE slots, then the ints).
+FRAME_SLOT = 2  # its slot in blas's range-function table
+F_STATES, F_ROWS, F_WIDTH, F_FRAME, F_CODES, F_TABLES = range(6)  # a call's context slots
+F_LEN = 6
+FRAME_UNIT = 1024  # a state's work in units (RANGE_MIN of them: 32 states)
+FRAME_TABLES = ("home_facelets", "colours", "search_rotations", "_identity_cmap", "corner_facelets",
+                "corner_lookup", "xcubie", "rot_of", "view_src", "view_code", "k_src", "k_code")
+(T_HOME, T_COLOURS, T_ROTATIONS, T_CMAP, T_FACELETS, T_LOOKUP, T_XCUBIE, T_ROT_OF, T_VIEW_SRC, T_VIEW_CODE,
+ T_K_SRC, T_K_CODE) = range(len(FRAME_TABLES))
+TABLE_STRIDE = 4
+T_N_VIEW, T_N_RR, T_N_SYM = (len(FRAME_TABLES) * TABLE_STRIDE + k for k in range(3))
+T_LEN = len(FRAME_TABLES) * TABLE_STRIDE + 3
+
+
+def frame_chunk(ctx, lo, hi):
+    """find_rotations and choose_frame on states [lo / FRAME_UNIT, hi / FRAME_UNIT) of the
+    context's (uint8 states, int64 frames and codes), with the encoder's tables."""
+    c = carray(ctx, F_LEN, np.int64)
+    t = carray(voidptr_at(c[F_TABLES]), T_LEN, np.int64)
+    n, r0, r1 = c[F_ROWS], lo // FRAME_UNIT, hi // FRAME_UNIT
+    states = carray(voidptr_at(c[F_STATES]), (n, c[F_WIDTH]), np.uint8)[r0:r1]
+    frame = carray(voidptr_at(c[F_FRAME]), n, np.int64)[r0:r1]
+    codes = carray(voidptr_at(c[F_CODES]), (n, 8), np.int64)[r0:r1]
+    a = TABLE_STRIDE
+    home = carray(voidptr_at(t[T_HOME * a]), (t[T_HOME * a + 1], t[T_HOME * a + 2]), np.uint8)
+    colours = carray(voidptr_at(t[T_COLOURS * a]), t[T_COLOURS * a + 1], np.uint8)
+    rotations = carray(voidptr_at(t[T_ROTATIONS * a]), (t[T_ROTATIONS * a + 1], t[T_ROTATIONS * a + 2]), np.uint8)
+    cmap = carray(voidptr_at(t[T_CMAP * a]), t[T_CMAP * a + 1], np.uint8)
+    facelets = carray(voidptr_at(t[T_FACELETS * a]), (t[T_FACELETS * a + 1], t[T_FACELETS * a + 2]), np.int64)
+    lookup = carray(voidptr_at(t[T_LOOKUP * a]), t[T_LOOKUP * a + 1], np.int64)
+    xcubie = carray(voidptr_at(t[T_XCUBIE * a]), t[T_XCUBIE * a + 1], np.int64)
+    rot_of = carray(voidptr_at(t[T_ROT_OF * a]), (t[T_ROT_OF * a + 1], t[T_ROT_OF * a + 2]), np.int64)
+    view_src = carray(voidptr_at(t[T_VIEW_SRC * a]), (t[T_VIEW_SRC * a + 1], t[T_VIEW_SRC * a + 2]), np.uint8)
+    view_code = carray(voidptr_at(t[T_VIEW_CODE * a]),
+                       (t[T_VIEW_CODE * a + 1], t[T_VIEW_CODE * a + 2], t[T_VIEW_CODE * a + 3]), np.uint8)
+    k_src = carray(voidptr_at(t[T_K_SRC * a]), (t[T_K_SRC * a + 1], t[T_K_SRC * a + 2]), np.uint8)
+    k_code = carray(voidptr_at(t[T_K_CODE * a]), (t[T_K_CODE * a + 1], t[T_K_CODE * a + 2], t[T_K_CODE * a + 3]),
+                    np.uint8)
+    scratch = carray(local_slots(24), 24, np.int64)  # base, where, y: this chunk's own
+    find_rotations(states, home, colours, frame)
+    choose_frame(states, rotations, cmap, facelets, lookup, t[T_N_VIEW], xcubie, rot_of, view_src, view_code, k_src,
+                 k_code, t[T_N_RR], t[T_N_SYM], scratch[0:8], scratch[8:16], scratch[16:24], codes, frame)
+
+
+def _frame_chunk_address():
+    return cfunc(types.void(types.voidptr, types.int64, types.int64), cache=True, nogil=True)(frame_chunk).address
+
+
+share_range_fn(FRAME_SLOT, _frame_chunk_address)
+
+
+@njit(cache=True, nogil=True)
+def frame_states(states, home_facelets, colours, rotations, identity_cmap, corner_facelets, corner_lookup, n_view,
+                 xcubie, rot_of, view_src, view_code, k_src, k_code, n_rr, n_sym, base, where, y, codes, frame,
+                 tables):
+    """find_rotations then choose_frame (Encoder.frames), the states shared by the team's
+    threads where it runs and there are enough of them (tables: the Encoder's
+    FRAME_TABLES context; the chunks use their own scratch instead of base, where, y)."""
+    n, w = states.shape
+    fn = range_fn(np.int64(FRAME_SLOT))
+    whole = (states.strides[1] == 1 and states.strides[0] == w and frame.strides[0] == 8 and
+             codes.strides[1] == 8 and codes.strides[0] == 64)  # C order: the context's pointers
+    if fn == 0 or n * FRAME_UNIT < RANGE_MIN or not whole:
+        find_rotations(states, home_facelets, colours, frame)
+        choose_frame(states, rotations, identity_cmap, corner_facelets, corner_lookup, n_view, xcubie, rot_of,
+                     view_src, view_code, k_src, k_code, n_rr, n_sym, base, where, y, codes, frame)
+        return
+    ctx = local_slots(F_LEN)
+    c = carray(ctx, F_LEN, np.int64)
+    c[F_STATES], c[F_ROWS], c[F_WIDTH] = states.ctypes.data, n, w
+    c[F_FRAME], c[F_CODES], c[F_TABLES] = frame.ctypes.data, codes.ctypes.data, tables.ctypes.data
+    run_range(voidptr_at(fn), ctx, n * FRAME_UNIT, FRAME_UNIT)
 
 
 @njit(cache=True, nogil=True)
@@ -501,6 +583,7 @@ class Encoder:
         self.search_rotations = self.rotations if self.canonical else \
             np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
         self.home_facelets = np.ascontiguousarray(self.search_rotations[:, self.fac])
+        self._frame_tables = self._table_context()
         self.sticker_order = sticker_order(puzzle)  # unframed sparse inputs: constant columns first
         # the first layer's cubie tables (InputGroups), for sparse sticker inputs
         self.input_groups = sticker_groups(puzzle, np.arange(puzzle.n_stickers) if self.framed else
@@ -509,6 +592,17 @@ class Encoder:
         # children worth scoring in all-actions targets (all of them unless canonical)
         self.child_reps, self.child_rep_of = child_representatives(puzzle, n_actions) if self.canonical \
             else (np.arange(n_actions), np.arange(n_actions))
+
+    def _table_context(self):
+        """frame_chunk's view of FRAME_TABLES (addresses and shapes; the tables never change)."""
+        ctx = np.zeros(T_LEN, np.int64)
+        for k, name in enumerate(FRAME_TABLES):
+            table = getattr(self, name)
+            assert table.flags.c_contiguous and table.ndim < TABLE_STRIDE
+            ctx[k * TABLE_STRIDE] = table.ctypes.data
+            ctx[k * TABLE_STRIDE + 1:k * TABLE_STRIDE + 1 + table.ndim] = table.shape
+        ctx[T_N_VIEW], ctx[T_N_RR], ctx[T_N_SYM] = self.n_view, self.n_rr, self.n_sym
+        return ctx
 
     def fork(self):
         """A copy sharing every table, with its own scratch buffers: one per thread."""
@@ -537,10 +631,10 @@ class Encoder:
     def frames(self, states, frame, codes):
         """frame (n,): the frame each state is encoded in (0 when not canonical); codes (n, 8):
         its corner codes (3*cubie + twist per slot) in that frame (2x2x2 only)."""
-        find_rotations(states, self.home_facelets, self.colours, frame)
-        choose_frame(states, self.search_rotations, self._identity_cmap, self.corner_facelets,
-                     self.corner_lookup, self.n_view, self.xcubie, self.rot_of, self.view_src, self.view_code,
-                     self.k_src, self.k_code, self.n_rr, self.n_sym, self._base, self._where, self._y, codes, frame)
+        frame_states(states, self.home_facelets, self.colours, self.search_rotations, self._identity_cmap,
+                     self.corner_facelets, self.corner_lookup, self.n_view, self.xcubie, self.rot_of, self.view_src,
+                     self.view_code, self.k_src, self.k_code, self.n_rr, self.n_sym, self._base, self._where,
+                     self._y, codes, frame, self._frame_tables)
 
     def encode_codes(self, codes, idx):
         """Input rows idx (n, n_active) of states given by their corner codes (n, 8) in their

@@ -28,7 +28,7 @@ from numba import carray, cfunc, njit, types
 from numba.extending import overload
 
 from . import panels
-from .blas import LOCAL_SLOTS, gemm, gemm_bias_relu, local_slots, range_fn, run_range, share_range_fn, voidptr_at
+from .blas import gemm, gemm_bias_relu, local_slots, range_fn, run_range, share_range_fn, voidptr_at
 from .team import RANGE_MIN
 
 HUBER, MSE = 0, 1
@@ -259,12 +259,12 @@ def sparse_backward(idx, dout, dW, db):
 # 448 rows of that layer ran 1.6x and 1.8x one thread (docs/performance-log.md, stop 37).
 GATHER_SLOT = 0  # its slot in blas's range-function table
 G_IDX, G_W, G_B, G_OUT, G_ROWS, G_ACTIVE, G_IN, G_H, G_RELU, G_GRAIN = range(10)  # context slots
-assert G_GRAIN < LOCAL_SLOTS
+G_LEN = G_GRAIN + 1
 
 
 def gather_chunk(ctx, lo, hi):
     """sparse_forward on rows [lo / grain, hi / grain) of the context's float32 operands."""
-    c = carray(ctx, G_GRAIN + 1, np.int64)
+    c = carray(ctx, G_LEN, np.int64)
     n, s, h, grain = c[G_ROWS], c[G_ACTIVE], c[G_H], c[G_GRAIN]
     idx = carray(voidptr_at(c[G_IDX]), (n, s), np.int32)
     W = carray(voidptr_at(c[G_W]), (c[G_IN], h), np.float32)
@@ -305,8 +305,8 @@ def _sparse_forward_shared_overload(idx, W, b, out, relu):
         if fn == 0 or n * grain < RANGE_MIN:
             sparse_forward(idx, W, b, out, relu)
             return
-        ctx = local_slots()
-        c = carray(ctx, G_GRAIN + 1, np.int64)
+        ctx = local_slots(G_LEN)
+        c = carray(ctx, G_LEN, np.int64)
         c[G_IDX], c[G_W], c[G_B], c[G_OUT] = idx.ctypes.data, W.ctypes.data, b.ctypes.data, out.ctypes.data
         c[G_ROWS], c[G_ACTIVE], c[G_IN], c[G_H] = n, s, W.shape[0], h
         c[G_RELU], c[G_GRAIN] = 1 if relu else 0, grain

@@ -356,3 +356,34 @@ def test_row_gather_runs_alone_with_the_team_off():
     njit(lambda *a: sparse_forward_shared(*a))(idx, W, b, got, True)
     assert blas.team_stats()["split"] == before
     np.testing.assert_array_equal(got, want)
+
+
+@needs_team
+@pytest.mark.parametrize("symmetry", [1, 6, 48])
+def test_framing_shared_over_the_team_gives_one_threads_frames_and_codes(one_worker, symmetry):
+    """Encoder.frames (encoding.frame_states) with the team: states in chunks, each chunk
+    with its own scratch, the frames and corner codes of the plain find_rotations and
+    choose_frame on every state; split when there are enough states, whole when there are
+    few or the states are not in C order."""
+    from cubedqn.cube import apply_moves, get_puzzle
+    from cubedqn.encoding import Encoder, choose_frame, find_rotations
+    p2 = get_puzzle("cube2")
+    enc = Encoder(p2, 12, inputs="pairs", symmetry=symmetry)
+    rng = np.random.default_rng(symmetry)
+    states = np.ascontiguousarray([apply_moves(p2, p2.solved, rng.integers(0, 12, d))[p2.rotations[r]]
+                                   for d, r in zip(rng.integers(0, 14, 301), rng.integers(0, 24, 301))])
+    n = len(states)
+    want_frame, want_codes = np.zeros(n, np.int64), np.zeros((n, 8), np.int64)
+    find_rotations(states, enc.home_facelets, enc.colours, want_frame)
+    choose_frame(states, enc.search_rotations, enc._identity_cmap, enc.corner_facelets, enc.corner_lookup, enc.n_view,
+                 enc.xcubie, enc.rot_of, enc.view_src, enc.view_code, enc.k_src, enc.k_code, enc.n_rr, enc.n_sym,
+                 np.zeros(8, np.int64), np.zeros(8, np.int64), np.zeros(8, np.int64), want_codes, want_frame)
+    wide = np.zeros((n, 2 * states.shape[1]), np.uint8)
+    wide[:, ::2] = states  # the same states, not in C order
+    for rows, given, split in ((n, states, True), (20, states, False), (n, wide[:, ::2], False)):
+        frame, codes = np.full(rows, -1, np.int64), np.full((rows, 8), -1, np.int64)
+        before = blas.team_stats()["split"]
+        enc.frames(given[:rows], frame, codes)
+        assert (blas.team_stats()["split"] > before) == split
+        np.testing.assert_array_equal(frame, want_frame[:rows])
+        np.testing.assert_array_equal(codes, want_codes[:rows])
