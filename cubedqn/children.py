@@ -173,7 +173,9 @@ class ChildCodes:
         self.miss_codes = np.zeros((rows * n_rep, 8), np.int64)
         self.miss_frames = np.zeros(rows * n_rep, np.int64)
         solved_code = np.zeros((1, 8), np.int64)
-        encoder.frames(np.ascontiguousarray(encoder.puzzle.solved[None]), np.zeros(1, np.int64), solved_code)
+        # a writable copy: the puzzle's read-only solved state gave the framing kernels a
+        # signature of their own (a second or more of a cold start)
+        encoder.frames(np.array(encoder.puzzle.solved[None], order="C"), np.zeros(1, np.int64), solved_code)
         self.solved_code = solved_code[0].copy()
         self.all_codes = None  # every_child's output, made on its first call
         self.lookups = self.hits = 0  # parents looked up, and found, so far

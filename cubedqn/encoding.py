@@ -513,11 +513,14 @@ class Encoder:
         self.framed = puzzle.n == 2 and (self.canonical or inputs != "stickers")
         self.symmetry = int(symmetry)
         self.in_dim, self.n_active = INPUT_SHAPES.get(inputs, (puzzle.n_stickers * 6, puzzle.n_stickers))
-        self.corner_facelets = np.ascontiguousarray(puzzle.corner_facelets)
-        self.corner_lookup = np.ascontiguousarray(puzzle.corner_lookup)
-        self.rotations = np.ascontiguousarray(puzzle.rotations)
-        self.fac = np.ascontiguousarray(puzzle.corner_facelets[6])  # DBL slot
-        self.colours = np.ascontiguousarray(puzzle.corner_colours[6])
+        # writable C-ordered copies of the puzzle's read-only tables: frame_chunk's views of
+        # them are writable, and a read-only table would give its kernels (choose_frame, a
+        # second of a cold start) a signature of their own
+        self.corner_facelets = np.array(puzzle.corner_facelets, order="C")
+        self.corner_lookup = np.array(puzzle.corner_lookup, order="C")
+        self.rotations = np.array(puzzle.rotations, order="C")
+        self.fac = np.array(puzzle.corner_facelets[6], order="C")  # DBL slot
+        self.colours = np.array(puzzle.corner_colours[6], order="C")
         # Frames: rotation r0 (to the canonical state x), then a view v of x (see choose_frame).
         # With symmetry 48 the views are (coset representative c, rotation rr, symmetry k that
         # keeps DBL home), covering all 48 symmetries; with 6 they are (k); with 1, x itself.
