@@ -27,8 +27,8 @@ from numba import carray, cfunc, njit, types
 
 from .blas import local_slots, range_fn, run_range, share_range_fn, voidptr_at
 from .children import ChildCodes
-from .team import RANGE_MIN
 from .cube import conjugate_states, encode_index, encode_onehot, sticker_order, symmetries
+from .team import RANGE_MIN
 
 
 @njit(cache=True, nogil=True)
@@ -50,8 +50,8 @@ def find_rotations(states, home_facelets, colours, rot_out):
 # Framing over the GEMM team (--threads 2 and up): find_rotations and choose_frame on chunks
 # of whole states, shared by the team's threads through blas.run_range (each state is
 # framed alone, by the same code whichever thread takes it: the same frames and codes).
-# About 1 us a state here, it was half of the cube2 preset's step that did not use the
-# second core with the first layer's gather (docs/performance-log.md, stop 37). The chunk
+# About 1 us a state: with the first layer's gather, most of what the cube2 preset's
+# two-thread step ran on one core (docs/performance-log.md, stop 37). The chunk
 # function reads the encoder's tables from a context the Encoder fills once (FRAME_TABLES:
 # each table's address and up to three dimensions in TABLE_STRIDE slots, then the ints).
 FRAME_SLOT = 2  # its slot in blas's range-function table
