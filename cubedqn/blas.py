@@ -144,7 +144,8 @@ _RANGE_BUILDERS = {}  # slot -> a function that compiles (or loads) its cfunc an
 def share_range_fn(slot: int, build):
     """Kernels that split work over the team look up range_fn(slot): build() (compiling a
     cfunc, or loading it from numba's cache) fills that slot when the team first starts, so
-    that a run on one thread never compiles it (its kernels find 0 there and work alone)."""
+    that a run on one thread never compiles it (its kernels find 0 there and work alone),
+    or now if it runs already: call this at the end of the module that defines the cfunc."""
     _RANGE_BUILDERS[slot] = build
     if team_workers() > 0:
         _RANGE_FNS[slot] = build()

@@ -101,9 +101,6 @@ def _frame_chunk_address():
     return cfunc(types.void(types.voidptr, types.int64, types.int64), cache=True, nogil=True)(frame_chunk).address
 
 
-share_range_fn(FRAME_SLOT, _frame_chunk_address)
-
-
 @njit(cache=True, nogil=True)
 def frame_states(states, home_facelets, colours, rotations, identity_cmap, corner_facelets, corner_lookup, n_view,
                  xcubie, rot_of, view_src, view_code, k_src, k_code, n_rr, n_sym, base, where, y, codes, frame,
@@ -776,3 +773,8 @@ class Policy:
             else:
                 out[start:start + k] = qc
         return out
+
+
+# at the end: where the team already runs, this compiles frame_chunk now, and what it
+# calls must be defined by then
+share_range_fn(FRAME_SLOT, _frame_chunk_address)

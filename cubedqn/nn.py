@@ -279,9 +279,6 @@ def _gather_chunk_address():
                  nogil=True)(gather_chunk).address
 
 
-share_range_fn(GATHER_SLOT, _gather_chunk_address)
-
-
 def sparse_forward_shared(idx, W, b, out, relu):
     """sparse_forward, its rows shared by the team's threads where the team runs (float32
     operands in C order, int32 rows; else, or with few rows, the calling thread alone).
@@ -827,3 +824,8 @@ class MLP:
         if laps is not None:
             laps.lap("GEMM layers")
         return ws.q[:rows]
+
+
+# at the end: where the team already runs, this compiles gather_chunk now, and what it
+# calls must be defined by then
+share_range_fn(GATHER_SLOT, _gather_chunk_address)

@@ -11,9 +11,9 @@ in front of the tile GEMM, or of the library where there is no tile):
 With SET_TEAM(w) > 0 (`--threads w + 1`, threads.py), a row-major product with alpha 1,
 beta 0, N >= 2 x CHUNK_MIN columns and at least SPLIT_MACS multiply-adds is cut into
 column chunks (whole multiples of the tile's 32-column panel; the last takes the rest),
-published in one atomic word, and taken chunk by chunk by the calling thread and by
-whichever of the w workers are awake, each chunk one call of the inner function on that
-block of B's and C's columns. The caller never waits for a chunk no one has taken: a
+published in one atomic word, and taken chunk by chunk by the calling thread (from the
+first) and by whichever of the w workers are awake (from the last), each chunk one call of
+the inner function on that block of B's and C's columns. The caller never waits for a chunk no one has taken: a
 worker that sleeps or was descheduled costs nothing but its own share; the caller waits
 only for chunks a worker took and has not finished. Everything else (a smaller product,
 w = 0, another thread already splitting a product: eval's threads) calls the inner
@@ -101,7 +101,8 @@ def module_ir() -> str:
     active = global_("team_active", i32, c32(0))      # workers in use
     started = global_("team_started", i32, c32(0))    # workers started (SET_TEAM only)
     owner = global_("team_owner", i32, c32(0))        # 1 while a caller is splitting a product
-    # the job word: generation (bits 48-63), chunks (32-47), next chunk to take (0-31)
+    # the job word: generation (bits 48-63), chunks (32-47), chunks taken from the back
+    # (16-31: the workers'), from the front (0-15: the caller's); see take_chunk
     state = global_("team_state", i64, c64(0))
     done = global_("team_done", i64, c64(0))          # chunks workers finished, this job
     refused = global_("team_refused", i64, c64(0))    # an inner bias call returned 0, this job
@@ -180,14 +181,27 @@ def module_ir() -> str:
         with b.if_then(b.icmp_signed("==", result, c64(0))):
             b.store_atomic(c64(1), refused, "monotonic", 8)
 
-    def take_chunk(b, on_chunk):
-        """Emit: claim the next chunk of the job word (one atomic add); where that was a chunk
-        of its job, on_chunk(b, chunk index) runs. Returns (i1 whether a chunk was claimed)."""
-        old = b.atomic_rmw("add", state, c64(1), "acq_rel")
-        nxt = b.and_(old, c64(0xFFFFFFFF))
-        got = b.icmp_unsigned("<", nxt, b.and_(b.lshr(old, c64(32)), c64(0xFFFF)))
+    def open_chunks(b, word):
+        """Emit: (i1) whether the job word has a chunk no one took."""
+        front, back = b.and_(word, c64(0xFFFF)), b.and_(b.lshr(word, c64(16)), c64(0xFFFF))
+        return b.icmp_unsigned("<", b.add(front, back), b.and_(b.lshr(word, c64(32)), c64(0xFFFF)))
+
+    def take_chunk(b, on_chunk, from_back):
+        """Emit: claim a chunk of the job word (one atomic add): the caller the next from the
+        front, a worker the next from the back. Where that was a chunk of its job,
+        on_chunk(b, chunk index) runs. Returns (i1 whether a chunk was claimed).
+        Two ends, so that while both threads keep up each takes the same chunks every
+        call: what a chunk writes stays in one core's cache from one step to the next
+        (one counter handed chunks out in whatever order the threads came, and the lazy
+        backward split by rows ran 145-163 us against 109 alone; docs/performance-log.md,
+        stop 37). A claim is the one whose add saw front + back below the chunks: two
+        claims of one index would each have had to see the other's add first."""
+        old = b.atomic_rmw("add", state, c64(1 << 16 if from_back else 1), "acq_rel")
+        front, back = b.and_(old, c64(0xFFFF)), b.and_(b.lshr(old, c64(16)), c64(0xFFFF))
+        chunks = b.and_(b.lshr(old, c64(32)), c64(0xFFFF))
+        got = b.icmp_unsigned("<", b.add(front, back), chunks)
         with b.if_then(got):
-            on_chunk(b, nxt)
+            on_chunk(b, b.sub(b.sub(chunks, c64(1)), back) if from_back else front)
         return got
 
     # --- a worker: its index in the pointer argument
@@ -224,7 +238,7 @@ def module_ir() -> str:
     b.branch(loop_bb)
     b.position_at_end(on_bb)
     word = b.load_atomic(state, "acquire", 8)
-    open_ = b.icmp_unsigned("<", b.and_(word, c64(0xFFFFFFFF)), b.and_(b.lshr(word, c64(32)), c64(0xFFFF)))
+    open_ = open_chunks(b, word)
     claim_bb, idle_bb = worker.append_basic_block("claim"), worker.append_basic_block("idle")
     b.cbranch(open_, claim_bb, idle_bb)
     b.position_at_end(claim_bb)
@@ -234,7 +248,7 @@ def module_ir() -> str:
         b.atomic_rmw("add", taken, c64(1), "monotonic")
         b.atomic_rmw("add", done, c64(1), "release")
 
-    take_chunk(b, work)
+    take_chunk(b, work, from_back=True)
     idle.add_incoming(c64(0), b.block)
     b.branch(loop_bb)
     b.position_at_end(idle_bb)  # nothing to take: spin a while, then poll slowly
@@ -261,7 +275,7 @@ def module_ir() -> str:
     b.atomic_rmw("add", sleepers, c64(1), "seq_cst")
     b.call(pthread["mutex_lock"], [mutex(b)])
     word = b.load_atomic(state, "seq_cst", 8)
-    no_job = b.icmp_unsigned(">=", b.and_(word, c64(0xFFFFFFFF)), b.and_(b.lshr(word, c64(32)), c64(0xFFFF)))
+    no_job = b.not_(open_chunks(b, word))
     still_in = b.icmp_signed("<", me, b.sext(b.load_atomic(active, "monotonic", 4), i64))
     sleep_bb, woke_bb = worker.append_basic_block("doze.sleep"), worker.append_basic_block("doze.woke")
     b.cbranch(b.and_(no_job, still_in), sleep_bb, woke_bb)
@@ -386,7 +400,7 @@ def module_ir() -> str:
             run_noting_refusal(b, chunk)
             b.store(b.add(b.load(mine), c64(1)), mine)
 
-        got = take_chunk(b, work)
+        got = take_chunk(b, work, from_back=False)
         b.cbranch(got, own_bb, own_end)
         b.position_at_end(own_end)
         others = b.sub(n_chunks, b.load(mine))

@@ -387,3 +387,18 @@ def test_framing_shared_over_the_team_gives_one_threads_frames_and_codes(one_wor
         assert (blas.team_stats()["split"] > before) == split
         np.testing.assert_array_equal(frame, want_frame[:rows])
         np.testing.assert_array_equal(codes, want_codes[:rows])
+
+
+@needs_team
+def test_range_functions_fill_when_the_team_runs_before_their_modules_load():
+    """A process that starts the team before importing nn and encoding: share_range_fn
+    builds their chunk functions at import (it runs at the end of each module, where what
+    they call is defined), so the gather and the framing find their slots filled."""
+    import subprocess
+    import sys
+    code = ("from cubedqn import blas; from cubedqn.threads import limit_threads; limit_threads(2); "
+            "assert blas.team_workers() == 1; import cubedqn.encoding as e, cubedqn.nn as n; "
+            "print(all(blas._RANGE_FNS[k] != 0 for k in (n.GATHER_SLOT, e.FRAME_SLOT)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "True"
