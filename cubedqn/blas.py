@@ -34,9 +34,9 @@ Threads: in front of all of that, team.py's wrappers are bound to SYMBOL and BIA
 it for --threads w + 1), larger products are split by columns between the caller and w
 resident workers, each chunk one call of what the wrapper stands in front of; with w = 0
 they only pass the call on. The same workers run RANGE_SYMBOL (`run_range`): a function
-over chunks of a range: the optimizer's update over the flat buffer (optim.py), and
-the first layer's row gather where W1 is too big for the panels (nn.py), which finds its
-function in a table at run time (range_fn, share_range_fn).
+over chunks of a range: the optimizer's update over the flat buffer (optim.py), and,
+their functions found in a table at run time (range_fn, share_range_fn), the slot-pair
+first layer's row gather and lazy backward (nn.py) and the 2x2x2 framing (encoding.py).
 
 The choice lives in the symbol, not in the compiled kernels: a kernel loaded from Numba's
 cache calls `cubedqn_sgemm64` by name, so it stays valid when the choice changes. float64
@@ -93,7 +93,8 @@ run_range = types.ExternalFunction(RANGE_SYMBOL, RANGE_SIG)
 # A table of such functions that kernels look up at run time (range_fn): a cfunc's address
 # differs from process to process, so a cached kernel cannot hold it; it holds this
 # table's name, bound here at import, and finds 0 in a slot until something fills it
-# (share_range_fn: nn.py's row gather, filled when the team first starts).
+# (share_range_fn: nn.py's and encoding.py's chunk functions, filled when the team first
+# starts).
 RANGE_FNS_SYMBOL = "cubedqn_range_fns"
 RANGE_FN_SLOTS = 8
 _RANGE_FNS = (ctypes.c_int64 * RANGE_FN_SLOTS)()

@@ -612,7 +612,15 @@ def sparse_backward_compact(idx, dout, G, db, mark, slot, touched):
             slot[r] = n_rows
             touched[n_rows] = r
             n_rows += 1
-    for t in range(n_rows):
+    if compact_sums_shared(idx, dout, G, slot, n_rows):
+        for j in range(h):
+            db[j] = 0
+        for i in range(n):
+            d = dout[i]
+            for j in range(h):
+                db[j] += d[j]
+        return n_rows
+    for t in range(n_rows):  # one pass over dout for db and G (the team's chunks make two)
         g = G[t]
         for j in range(h):
             g[j] = 0
@@ -627,6 +635,81 @@ def sparse_backward_compact(idx, dout, G, db, mark, slot, touched):
             for j in range(h):
                 g[j] += d[j]
     return n_rows
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def compact_sums(idx, dout, G, slot, t0, t1):
+    """Rows [t0, t1) of sparse_backward_compact's G: zero, then dout's rows in order at the
+    inputs whose row sits there (every input is looked at; each row's sums are those of
+    the one-pass loop, in the same order)."""
+    n, s = idx.shape
+    h = dout.shape[1]
+    for t in range(t0, t1):
+        g = G[t]
+        for j in range(h):
+            g[j] = 0
+    for i in range(n):
+        d = dout[i]
+        for k in range(s):
+            t = slot[idx[i, k]]
+            if t0 <= t < t1:
+                g = G[t]
+                for j in range(h):
+                    g[j] += d[j]
+
+
+# The lazy backward's row sums over the team: chunks of whole touched rows, each chunk
+# reading every input and summing into its own rows. Split by columns, every row was
+# written by both cores (167 us against 103 alone); by rows it pays since the team's
+# chunks go to the same threads every call (the cube2 preset's backward first layer
+# 0.164 -> 0.096 ms; docs/performance-log.md, stop 37).
+SCATTER_SLOT = 1  # its slot in blas's range-function table
+C_IDX, C_DOUT, C_G, C_SLOT, C_ROWS, C_ACTIVE, C_H, C_G_ROWS, C_IN = range(9)  # context slots
+C_LEN = 9
+
+
+def scatter_chunk(ctx, lo, hi):
+    """compact_sums on rows [lo / h, hi / h) of the context's G (float32, int32 indices)."""
+    c = carray(ctx, C_LEN, np.int64)
+    n, s, h = c[C_ROWS], c[C_ACTIVE], c[C_H]
+    idx = carray(voidptr_at(c[C_IDX]), (n, s), np.int32)
+    dout = carray(voidptr_at(c[C_DOUT]), (n, h), np.float32)
+    G = carray(voidptr_at(c[C_G]), (c[C_G_ROWS], h), np.float32)
+    slot = carray(voidptr_at(c[C_SLOT]), c[C_IN], np.int32)
+    compact_sums(idx, dout, G, slot, lo // h, hi // h)
+
+
+def _scatter_chunk_address():
+    return cfunc(types.void(types.voidptr, types.int64, types.int64), cache=True, error_model="numpy",
+                 nogil=True)(scatter_chunk).address
+
+
+def compact_sums_shared(idx, dout, G, slot, n_rows):
+    """Whether G[:n_rows] of sparse_backward_compact was summed by the team's threads
+    (float32 and int32 operands in C order, the team on and enough rows); False: nothing
+    done, the caller sums. From Python: False."""
+    return False
+
+
+@overload(compact_sums_shared, jit_options={"nogil": True})
+def _compact_sums_shared_overload(idx, dout, G, slot, n_rows):
+    if not (idx.dtype == slot.dtype == types.int32 and dout.dtype == G.dtype == types.float32 and
+            idx.layout == dout.layout == G.layout == slot.layout == "C"):
+        return lambda idx, dout, G, slot, n_rows: False
+
+    def shared(idx, dout, G, slot, n_rows):
+        n, s = idx.shape
+        h = dout.shape[1]
+        fn = range_fn(np.int64(SCATTER_SLOT))
+        if fn == 0 or n_rows * h < RANGE_MIN:
+            return False
+        ctx = local_slots(C_LEN)
+        c = carray(ctx, C_LEN, np.int64)
+        c[C_IDX], c[C_DOUT], c[C_G], c[C_SLOT] = idx.ctypes.data, dout.ctypes.data, G.ctypes.data, slot.ctypes.data
+        c[C_ROWS], c[C_ACTIVE], c[C_H], c[C_G_ROWS], c[C_IN] = n, s, h, G.shape[0], slot.shape[0]
+        run_range(voidptr_at(fn), ctx, n_rows * h, h)
+        return True
+    return shared
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -829,3 +912,4 @@ class MLP:
 # at the end: where the team already runs, this compiles gather_chunk now, and what it
 # calls must be defined by then
 share_range_fn(GATHER_SLOT, _gather_chunk_address)
+share_range_fn(SCATTER_SLOT, _scatter_chunk_address)

@@ -44,8 +44,8 @@ TEAM_RANGE  void (fn, ctx, n, grain): fn(ctx, lo, hi) over [0, n), split the sam
             fn(ctx, 0, n); fn is a void (i8*, i64, i64) function pointer (the optimizer's
             update, optim.py: the update of weights the worker read in the GEMMs, done by
             the caller alone, ran 2.3x slower than on one thread; docs/performance-log.md,
-            stop 36; and nn.py's row gather of a first layer too big for the panels,
-            stop 37).
+            stop 36; and, stop 37, nn.py's row gather and lazy backward of a first
+            layer too big for the panels, and encoding.py's framing).
 
 What it is not: a thread pool for anything but these entry points, or a scheduler (no
 priorities, no affinity).
