@@ -613,12 +613,7 @@ def sparse_backward_compact(idx, dout, G, db, mark, slot, touched):
             touched[n_rows] = r
             n_rows += 1
     if compact_sums_shared(idx, dout, G, slot, n_rows):
-        for j in range(h):
-            db[j] = 0
-        for i in range(n):
-            d = dout[i]
-            for j in range(h):
-                db[j] += d[j]
+        column_sums(dout, db)
         return n_rows
     for t in range(n_rows):  # one pass over dout for db and G (the team's chunks make two)
         g = G[t]
@@ -635,6 +630,17 @@ def sparse_backward_compact(idx, dout, G, db, mark, slot, touched):
             for j in range(h):
                 g[j] += d[j]
     return n_rows
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def column_sums(dout, db):
+    """db (H,) = zero, then dout's (B,H) rows in order (the sums the one-pass loops make)."""
+    for j in range(dout.shape[1]):
+        db[j] = 0
+    for i in range(dout.shape[0]):
+        d = dout[i]
+        for j in range(dout.shape[1]):
+            db[j] += d[j]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
