@@ -349,8 +349,10 @@ def _lists_end(in_dim, rows, n_active, n_tables, n_groups):
 def panel_scratch_size(in_dim, rows, n_active, hidden, n_tables, n_groups):
     """float32 elements of the scratch the panel kernels need for `rows` batch rows: the
     panels and lists (_lists_end), then `hidden` floats for the gather's bias with the
-    constant columns added (_fold_constant_columns); rounded up to 16."""
-    return _lists_end(in_dim, rows, n_active, n_tables, n_groups) + -(-hidden // 16) * 16
+    constant columns added (_fold_constant_columns), rounded up to 16, then a second
+    working area for a call split over the team (_run_panel_halves)."""
+    return _lists_end(in_dim, rows, n_active, n_tables, n_groups) + -(-hidden // 16) * 16 + \
+        _lists_start(in_dim, rows, n_tables)
 
 
 @njit(cache=True, nogil=True)
@@ -475,6 +477,81 @@ def _tables_for(idx, n_in, panel, groups):
     return idx, 0
 
 
+# The panel kernels over the GEMM team (--threads 2 and up): the columns [0, hp) in two
+# halves of whole panels, one call of panels.py each, taken by the team's threads through
+# blas.run_range (a range of two grains of RANGE_MIN, one per half). The second half
+# works in its own area at the scratch's end (panel_scratch_size: the copied panel and the
+# table rows); the lists, table codes and folded bias before it are only read while both
+# run. Each column is summed by the same code whichever half it falls in (near or far
+# kernel: the same adds, panels.py), so the bits do not depend on the thread count.
+# Two halves, not more chunks: each takes whole panels and needs its own area, and this
+# machine has two cores.
+PANEL_SLOT = 3  # its slot in blas's range-function table
+(P_SCATTER, P_OUT, P_LDO, P_SRC, P_LDS, P_LIST, P_LDL, P_STARTS, P_N, P_S, P_HP, P_VEC, P_RELU, P_SCRATCH,
+ P_AREA, P_IN, P_NT, P_T_ORDER, P_T_STARTS, P_HALF, P_DONE) = range(21)  # context slots (P_DONE: two)
+P_LEN = 22
+PANEL_SPLIT_MIN = 1 << 17  # loads and stores of a call (~4 us on one Zen 4 core) worth two halves
+
+
+@njit(cache=True, nogil=True)
+def _panel_call(ctx, lo, hi):
+    """panels.py's gather (P_SCATTER 0) or scatter on the columns of the halves that
+    [lo, hi) covers (grains of RANGE_MIN: 0 the first half, 1 the second); what it returns
+    (the columns done, 0 where its panel width is not this caller's) goes in the half's
+    P_DONE slot."""
+    c = carray(ctx, P_LEN, np.int64)
+    c0 = 0 if lo < RANGE_MIN else c[P_HALF]
+    c1 = c[P_HALF] if hi <= RANGE_MIN else c[P_HP]
+    area = c[P_SCRATCH] + (0 if c0 == 0 else 4 * c[P_AREA])
+    out = carray(voidptr_at(c[P_OUT] + 4 * c0), 1, np.float32)
+    src = carray(voidptr_at(c[P_SRC] + 4 * c0), 1, np.float32)
+    vec = carray(voidptr_at(c[P_VEC] + 4 * c0), 1, np.float32)
+    work = carray(voidptr_at(area), 1, np.float32)
+    lists = carray(voidptr_at(c[P_LIST]), 1, np.int32)
+    if c[P_SCATTER] == 0:
+        t_order = carray(voidptr_at(c[P_T_ORDER]), 1, np.int32)
+        t_starts = carray(voidptr_at(c[P_T_STARTS]), 1, np.int32)
+        done = panels.gather_panels(out.ctypes, c[P_LDO], src.ctypes, c[P_LDS], lists.ctypes, c[P_LDL], c[P_N], c[P_S],
+                                    c1 - c0, vec.ctypes, c[P_RELU], work.ctypes, c[P_IN], panels.PANEL, c[P_NT],
+                                    t_order.ctypes, t_starts.ctypes)
+    else:
+        starts = carray(voidptr_at(c[P_STARTS]), 1, np.int32)
+        done = panels.scatter_panels(src.ctypes, c[P_LDS], out.ctypes, c[P_LDO], lists.ctypes, starts.ctypes,
+                                     c[P_N], c1 - c0, vec.ctypes, work.ctypes, c[P_IN], panels.PANEL)
+    c[P_DONE + (0 if c0 == 0 else 1)] = done
+
+
+def panel_chunk(ctx, lo, hi):
+    """_panel_call, as the team's range function (a cfunc)."""
+    _panel_call(ctx, lo, hi)
+
+
+def _panel_chunk_address():
+    return cfunc(types.void(types.voidptr, types.int64, types.int64), cache=True, error_model="numpy",
+                 nogil=True)(panel_chunk).address
+
+
+@njit(cache=True, nogil=True)
+def _run_panel_halves(ctx, panel, used, in_dim, rows, n_tables, hp, work):
+    """The panel call whose context ctx holds (all but P_HP, P_AREA, P_HALF, P_DONE), in
+    two halves over the team or as one call on the calling thread: one call where the team
+    is off, the call has fewer than two panels or under PANEL_SPLIT_MIN of work, or the
+    scratch has no room for the second area past `used` (what the call's lists, codes and
+    bias take). Returns the columns done (hp, or 0: see panels.py)."""
+    c = carray(ctx, P_LEN, np.int64)
+    area = _lists_start(in_dim, rows, n_tables)  # a call's working area: the scratch's head
+    at = (panel.shape[0] - area) // 16 * 16      # the second half's, at the scratch's end
+    fn = range_fn(np.int64(PANEL_SLOT))
+    split = fn != 0 and hp >= 2 * panels.PANEL and work >= PANEL_SPLIT_MIN and at >= used
+    c[P_HP], c[P_AREA], c[P_DONE], c[P_DONE + 1] = hp, at, 0, 0
+    c[P_HALF] = hp // panels.PANEL // 2 * panels.PANEL if split else hp
+    if split:
+        run_range(voidptr_at(fn), ctx, 2 * RANGE_MIN, RANGE_MIN)
+    else:
+        _panel_call(ctx, np.int64(0), np.int64(RANGE_MIN))  # np.int64: no literal compile (learner.py)
+    return hp if c[P_DONE] + c[P_DONE + 1] == hp else 0
+
+
 @overload(_panel_gather, jit_options={"nogil": True})
 def _panel_gather_overload(idx, W, b, out, relu, panel, groups):
     if isinstance(panel, types.NoneType) or not (W.dtype == out.dtype == b.dtype == panel.dtype == types.float32
@@ -491,10 +568,15 @@ def _panel_gather_overload(idx, W, b, out, relu, panel, groups):
         f, c = _fold_constant_columns(rows_idx, W, b, hp, panel,
                                       _lists_end(n_in, n, s, n_t, groups[0].shape[0] if n_t else 0), n_t > 0, groups)
         rest = rows_idx[:, f:]
-        return panels.gather_panels(out.ctypes, out.strides[0] // 4, W.ctypes, W.strides[0] // 4, rest.ctypes,
-                                    rows_idx.strides[0] // 4, n, rows_idx.shape[1] - f, hp, c.ctypes,
-                                    1 if relu else 0, panel.ctypes, n_in, panels.PANEL, n_t, groups[4].ctypes,
-                                    groups[5].ctypes)
+        ctx = local_slots(P_LEN)
+        k = carray(ctx, P_LEN, np.int64)
+        k[P_SCATTER], k[P_OUT], k[P_LDO], k[P_SRC], k[P_LDS] = 0, out.ctypes.data, out.strides[0] // 4, \
+            W.ctypes.data, W.strides[0] // 4
+        k[P_LIST], k[P_LDL], k[P_N], k[P_S] = rest.ctypes.data, rows_idx.strides[0] // 4, n, rest.shape[1]
+        k[P_VEC], k[P_RELU], k[P_SCRATCH], k[P_IN] = c.ctypes.data, 1 if relu else 0, panel.ctypes.data, n_in
+        k[P_NT], k[P_T_ORDER], k[P_T_STARTS] = n_t, groups[4].ctypes.data, groups[5].ctypes.data
+        used = _lists_end(n_in, n, s, n_t, groups[0].shape[0] if n_t else 0) + -(-hp // 16) * 16  # + c
+        return _run_panel_halves(ctx, panel, used, n_in, n, n_t, hp, (n * rest.shape[1] + n_in) * hp)
     return run
 
 
@@ -527,9 +609,14 @@ def _panel_scatter_overload(idx, dout, dW, db, panel):
                 f = 0
                 _rows_by_w1_row(idx[:, 0:], n_in, order, starts, cursor)  # the type above: one compile
                 break
-        done = panels.scatter_panels(dout.ctypes, dout.strides[0] // 4, dW.ctypes, dW.strides[0] // 4,
-                                     order.ctypes, starts.ctypes, n, hp, db.ctypes, panel.ctypes, n_in,
-                                     panels.PANEL)
+        ctx = local_slots(P_LEN)
+        k = carray(ctx, P_LEN, np.int64)
+        k[P_SCATTER], k[P_OUT], k[P_LDO], k[P_SRC], k[P_LDS] = 1, dW.ctypes.data, dW.strides[0] // 4, \
+            dout.ctypes.data, dout.strides[0] // 4
+        k[P_LIST], k[P_STARTS], k[P_N], k[P_VEC] = order.ctypes.data, starts.ctypes.data, n, db.ctypes.data
+        k[P_SCRATCH], k[P_IN], k[P_NT] = panel.ctypes.data, n_in, 0
+        used = _lists_end(n_in, n, s, np.int64(0), np.int64(0))
+        done = _run_panel_halves(ctx, panel, used, n_in, n, np.int64(0), hp, (n_in + n * (s + 1)) * hp)
         for k in range(f):
             w = dW[idx[0, k]]
             for j in range(done):
@@ -919,3 +1006,4 @@ class MLP:
 # calls must be defined by then
 share_range_fn(GATHER_SLOT, _gather_chunk_address)
 share_range_fn(SCATTER_SLOT, _scatter_chunk_address)
+share_range_fn(PANEL_SLOT, _panel_chunk_address)

@@ -45,7 +45,8 @@ TEAM_RANGE  void (fn, ctx, n, grain): fn(ctx, lo, hi) over [0, n), split the sam
             update, optim.py: the update of weights the worker read in the GEMMs, done by
             the caller alone, ran 2.3x slower than on one thread; docs/performance-log.md,
             stop 36; and, stop 37, nn.py's row gather and lazy backward of a first
-            layer too big for the panels, and encoding.py's framing).
+            layer too big for the panels, and encoding.py's framing; stop 38, the panel
+            gather and scatter in two halves of their columns).
 
 What it is not: a thread pool for anything but these entry points, or a scheduler (no
 priorities, no affinity).

@@ -393,12 +393,13 @@ def test_framing_shared_over_the_team_gives_one_threads_frames_and_codes(one_wor
 def test_range_functions_fill_when_the_team_runs_before_their_modules_load():
     """A process that starts the team before importing nn and encoding: share_range_fn
     builds their chunk functions at import (it runs at the end of each module, where what
-    they call is defined), so the gather and the framing find their slots filled."""
+    they call is defined), so the gathers, the scatters and the framing find their slots
+    filled."""
     import subprocess
     import sys
     code = ("from cubedqn import blas; from cubedqn.threads import limit_threads; limit_threads(2); "
             "assert blas.team_workers() == 1; import cubedqn.encoding as e, cubedqn.nn as n; "
-            "print(all(blas._RANGE_FNS[k] != 0 for k in (n.GATHER_SLOT, e.FRAME_SLOT)))")
+            "print(all(blas._RANGE_FNS[k] != 0 for k in (n.GATHER_SLOT, n.SCATTER_SLOT, n.PANEL_SLOT, e.FRAME_SLOT)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
@@ -430,3 +431,81 @@ def test_lazy_backward_shared_over_the_team_gives_one_threads_bits(one_worker, r
     np.testing.assert_array_equal(G[:k], dW[touched[:k]])
     np.testing.assert_array_equal(db, db_want)
     assert not mark.any()
+
+
+@needs_team
+@pytest.mark.parametrize("n_in,s,h,rows,constant", [(144, 24, 256, 64, 0), (324, 54, 1024, 256, 6),
+                                                    (144, 24, 100, 128, 0), (144, 24, 256, 4, 0)])
+def test_panel_first_layer_shared_over_the_team_gives_one_threads_bits(one_worker, n_in, s, h, rows, constant):
+    """The panel gather and scatter (nn.sparse_forward_panels / sparse_backward_panels) in
+    two halves of whole panels over the team, the second working in its own area at the
+    scratch's end: the sequential float32 sums bit for bit, as with the team off (one
+    call). Split where a call is enough work (the 2x2x2's shape; the 3x3x3's, far
+    kernels, its centres folded into the bias; three panels and a four-column tail),
+    whole where it is not (four rows)."""
+    from test_nn import first_layer_case, sequential_gather, sequential_scatter
+
+    from cubedqn.nn import NO_GROUPS, panel_scratch_size, sparse_backward_panels, sparse_forward_panels
+    W, b, idx, dout = first_layer_case(rows, n_in, s, h, rows, constant)
+    want = sequential_gather(idx, W, b, True)
+    dW_want, db_want = sequential_scatter(idx, dout, n_in)
+    scratch = np.zeros(panel_scratch_size(n_in, rows, s, h, 0, 0), np.float32)
+    try:
+        for workers in (1, 0):
+            blas.set_team(workers)
+            out, dW, db = np.full((rows, h), np.nan, np.float32), np.full((n_in, h), np.nan, np.float32), \
+                np.full(h, np.nan, np.float32)
+            before = blas.team_stats()["split"]
+            sparse_forward_panels(idx, W, b, out, True, scratch, NO_GROUPS)
+            sparse_backward_panels(idx, dout, dW, db, scratch)
+            assert blas.team_stats()["split"] - before == (2 if workers and rows > 4 else 0)
+            np.testing.assert_array_equal(out, want)
+            np.testing.assert_array_equal(dW, dW_want)
+            np.testing.assert_array_equal(db, db_want)
+    finally:
+        blas.set_team(1)
+
+
+@needs_team
+def test_panel_gather_through_tables_shared_over_the_team_gives_one_threads_bits(one_worker):
+    """The 3x3x3's first layer through its cubie tables (encoding.InputGroups, built per
+    panel in each half's own area) in a workspace's forward: the sequential sums of the
+    table rows bit for bit, and the same Q-values, with the team splitting the gather and
+    with the team off."""
+    from cubedqn.cube import apply_moves, get_puzzle
+    from cubedqn.encoding import Encoder
+    from cubedqn.nn import MLP, Layout, Workspace, _table_codes
+    p = get_puzzle("cube3")
+    enc = Encoder(p, 12, canonical=False)
+    layout = Layout(enc.in_dim, enc.n_active, (256, 64), 12)
+    net = MLP(layout, seed=5)
+    rows = 320
+    ws = Workspace(layout, rows, groups=enc.input_groups)
+    assert ws.groups[5].size - 1 == enc.input_groups.n_tables  # the tables pay at these rows
+    rng = np.random.default_rng(3)
+    states = np.ascontiguousarray([apply_moves(p, p.solved, rng.integers(0, 12, 20)) for _ in range(rows)])
+    enc.encode(states, ws, 0, np.zeros(rows, np.int64))
+    qs = []
+    try:
+        for workers in (1, 0):
+            blas.set_team(workers)
+            ws.acts[0][:] = np.nan
+            before = blas.team_stats()["split"]
+            qs.append((net.forward_ws(ws, rows).copy(), ws.acts[0].copy()))
+            assert (blas.team_stats()["split"] - before >= 1) == (workers == 1)
+    finally:
+        blas.set_team(1)
+    codes = np.zeros((rows, 26), np.int32)
+    assert _table_codes(ws.idx, enc.input_groups.tables, codes)
+    t_order, t_starts = enc.input_groups.tables[4], enc.input_groups.tables[5]
+    W, b = net.Ws[0], net.bs[0]
+    table = np.zeros((len(t_starts) - 1, W.shape[1]), np.float32)  # from zero, in list order
+    for t in range(len(table)):
+        for r in t_order[t_starts[t]:t_starts[t + 1]]:
+            table[t] += W[r]
+    want = np.repeat(b[None], rows, 0)
+    for k in range(codes.shape[1]):
+        want += table[codes[:, k]]
+    for q, first in qs:
+        np.testing.assert_array_equal(first[:rows], np.maximum(want, 0))
+    np.testing.assert_array_equal(qs[0][0], qs[1][0])
