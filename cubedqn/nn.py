@@ -168,7 +168,7 @@ class Workspace:
         self.idx = aligned_zeros((rows, layout.n_active), np.int32)
         # scratch for the panel kernels (panels.py; panel_scratch_size): one column panel of W1
         # for the gather, of the batch's output gradient for the scatter, and the scatter's
-        # lists. For float32 sparse inputs narrow enough for a W1 panel to sit in or near L1
+        # lists; at its end a second panel area for a call split over the team. For float32 sparse inputs narrow enough for a W1 panel to sit in or near L1
         # (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs).
         # The panels copy all of W1 once per call, so only for workspaces whose rows gather
         # at least 8x as many W1 rows as it has (about where they broke even, forward and

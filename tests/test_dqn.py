@@ -876,8 +876,9 @@ def test_training_with_gemm_thread_switches_equals_one_thread_bitwise(mode, inpu
     """Probes switch the GEMMs between 2 threads and 1 many times; the run's parameters are
     the same bits as a one-thread run's, where the BLAS is row-exact (tests/blas_rows.py):
     with the team (team.py) every element is one inner call's whichever column chunk it
-    falls in, and the team's ranges (the optimizer's update, the slot-pair first layer's
-    row gather, the lazy rows of the all-actions preset's configuration) run the same code
+    falls in, and the team's ranges (the optimizer's update, the sticker first layer's
+    panel halves, the slot-pair first layer's row gather, the lazy rows of the all-actions
+    preset's configuration) run the same code
     on every element; with the library's own threads (where there is no team), OpenBLAS
     splits rows and columns, not sums."""
     from cubedqn import blas
