@@ -140,16 +140,26 @@ def local_slots(typingctx, count):
 
 
 _RANGE_BUILDERS = {}  # slot -> a function that compiles (or loads) its cfunc and returns the address
+_RANGE_WANTED = set()  # the slots the team fills when it starts (want_range_fn)
 
 
-def share_range_fn(slot: int, build):
+def share_range_fn(slot: int, build, wanted: bool = True):
     """Kernels that split work over the team look up range_fn(slot): build() (compiling a
     cfunc, or loading it from numba's cache) fills that slot when the team first starts, so
     that a run on one thread never compiles it (its kernels find 0 there and work alone),
-    or now if it runs already: call this at the end of the module that defines the cfunc."""
+    or now if it runs already: call this at the end of the module that defines the cfunc.
+    wanted=False: only once want_range_fn(slot) says a run uses it (nn's panel halves: a
+    run whose workspaces have no panel scratch never compiles them)."""
     _RANGE_BUILDERS[slot] = build
-    if team_workers() > 0:
-        _RANGE_FNS[slot] = build()
+    if wanted:
+        want_range_fn(slot)
+
+
+def want_range_fn(slot: int):
+    """The team fills `slot` when it starts (now, where it runs already)."""
+    _RANGE_WANTED.add(slot)
+    if team_workers() > 0 and not _RANGE_FNS[slot]:
+        _RANGE_FNS[slot] = _RANGE_BUILDERS[slot]()
 
 
 def gemm(a, b, out):
@@ -595,9 +605,9 @@ def set_team(workers: int) -> int:
                 setter(0)
                 return 0
         if workers > 0:
-            for slot, build in _RANGE_BUILDERS.items():
+            for slot in sorted(_RANGE_WANTED):
                 if not _RANGE_FNS[slot]:
-                    _RANGE_FNS[slot] = build()
+                    _RANGE_FNS[slot] = _RANGE_BUILDERS[slot]()
         return int(setter(max(0, int(workers))))
 
 

@@ -28,7 +28,7 @@ from numba import carray, cfunc, njit, types
 from numba.extending import overload
 
 from . import panels
-from .blas import gemm, gemm_bias_relu, local_slots, range_fn, run_range, share_range_fn, voidptr_at
+from .blas import gemm, gemm_bias_relu, local_slots, range_fn, run_range, share_range_fn, voidptr_at, want_range_fn
 from .team import RANGE_MIN
 
 HUBER, MSE = 0, 1
@@ -168,8 +168,9 @@ class Workspace:
         self.idx = aligned_zeros((rows, layout.n_active), np.int32)
         # scratch for the panel kernels (panels.py; panel_scratch_size): one column panel of W1
         # for the gather, of the batch's output gradient for the scatter, and the scatter's
-        # lists; at its end a second panel area for a call split over the team. For float32 sparse inputs narrow enough for a W1 panel to sit in or near L1
-        # (cube2 stickers 18 KB, cube3 41 KB; not the slot pairs).
+        # lists; at its end a second panel area for a call split over the team. For float32
+        # sparse inputs narrow enough for a W1 panel to sit in or near L1 (cube2 stickers
+        # 18 KB, cube3 41 KB; not the slot pairs).
         # The panels copy all of W1 once per call, so only for workspaces whose rows gather
         # at least 8x as many W1 rows as it has (about where they broke even, forward and
         # backward, at 144 x 256 and 324 x 1024). Decided per workspace, not per call, so
@@ -188,6 +189,8 @@ class Workspace:
         n_t, n_g = (groups.n_tables, groups.n_groups) if tabled else (0, 0)
         self.panel = aligned_zeros(panel_scratch_size(layout.in_dim, rows, layout.n_active, layout.widths[1], n_t,
                                                       n_g) if panel else 0, dtype) if possible else None
+        if panel:
+            want_range_fn(PANEL_SLOT)  # its calls may split over the team (_run_panel_halves)
         self.x = aligned_zeros((rows, layout.in_dim if dense_input else 0), dtype)
         self.q = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
         self.dq = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
@@ -1006,4 +1009,4 @@ class MLP:
 # calls must be defined by then
 share_range_fn(GATHER_SLOT, _gather_chunk_address)
 share_range_fn(SCATTER_SLOT, _scatter_chunk_address)
-share_range_fn(PANEL_SLOT, _panel_chunk_address)
+share_range_fn(PANEL_SLOT, _panel_chunk_address, wanted=False)  # Workspace wants it where it has a panel scratch

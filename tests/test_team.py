@@ -394,15 +394,20 @@ def test_range_functions_fill_when_the_team_runs_before_their_modules_load():
     """A process that starts the team before importing nn and encoding: share_range_fn
     builds their chunk functions at import (it runs at the end of each module, where what
     they call is defined), so the gathers, the scatters and the framing find their slots
-    filled."""
+    filled; the panel halves' only once a workspace with a panel scratch wants it (a run
+    without one never compiles it)."""
     import subprocess
     import sys
+    _team_or_skip()  # needs_team alone passes a host whose check has not run yet (and fails)
     code = ("from cubedqn import blas; from cubedqn.threads import limit_threads; limit_threads(2); "
             "assert blas.team_workers() == 1; import cubedqn.encoding as e, cubedqn.nn as n; "
-            "print(all(blas._RANGE_FNS[k] != 0 for k in (n.GATHER_SLOT, n.SCATTER_SLOT, n.PANEL_SLOT, e.FRAME_SLOT)))")
+            "print(all(blas._RANGE_FNS[k] != 0 for k in (n.GATHER_SLOT, n.SCATTER_SLOT, e.FRAME_SLOT))); "
+            "print(blas._RANGE_FNS[n.PANEL_SLOT] == 0); "
+            "n.Workspace(n.Layout(144, 24, (256, 256), 12), 8); print(blas._RANGE_FNS[n.PANEL_SLOT] == 0); "
+            "n.Workspace(n.Layout(144, 24, (256, 256), 12), 64); print(blas._RANGE_FNS[n.PANEL_SLOT] != 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "True"
+    assert out.stdout.split() == ["True"] * 4
 
 
 @needs_team
@@ -445,7 +450,8 @@ def test_panel_first_layer_shared_over_the_team_gives_one_threads_bits(one_worke
     whole where it is not (four rows)."""
     from test_nn import first_layer_case, sequential_gather, sequential_scatter
 
-    from cubedqn.nn import NO_GROUPS, panel_scratch_size, sparse_backward_panels, sparse_forward_panels
+    from cubedqn.nn import NO_GROUPS, PANEL_SLOT, panel_scratch_size, sparse_backward_panels, sparse_forward_panels
+    blas.want_range_fn(PANEL_SLOT)  # as a Workspace with a panel scratch does
     W, b, idx, dout = first_layer_case(rows, n_in, s, h, rows, constant)
     want = sequential_gather(idx, W, b, True)
     dW_want, db_want = sequential_scatter(idx, dout, n_in)
