@@ -15,8 +15,9 @@ symbol `cubedqn_sgemm64`, which this module binds at import:
            numba's np.dot, i.e. scipy's BLAS: used when numpy has no such library (other
            numpy builds: Accelerate, MKL) or when CUBEDQN_BLAS=scipy is set.
 
-On CPUs with AVX-512 the symbol is then bound to `tile_gemm.py`'s sgemm instead, which
-computes the networks' small products itself (an 8 x 32 register tile) while the library
+On CPUs with AVX-512, or AVX2 and FMA, the symbol is then bound to `tile_gemm.py`'s sgemm
+instead, which computes the networks' small products itself (an 8 x 32 register tile, 6 x
+16 with AVX2) while the library
 runs on one thread and calls the library, bound as `cubedqn_blas_sgemm64`, for the rest;
 it is checked on small products at import and not bound if that fails.
 `CUBEDQN_TILE_GEMM=0` binds the library alone.
@@ -354,11 +355,15 @@ def _check_tile(fn) -> bool:
     block and in two, leading dimensions wider than the matrices), bitwise the same row by
     row whatever the number of rows?"""
     rng = np.random.default_rng(1)
-    m = 17  # a 16-row block of a one-vector tail and a leftover row
-    # k = 7: under one 16-row block of a transposed B; 300: two K blocks, the second 44 deep;
-    # n = 40 and 12: a tail of one vector, 57: of two, masked
-    for ta, tb, k, n in ((NO_TRANS, NO_TRANS, 7, 40), (TRANS, NO_TRANS, 7, 40), (NO_TRANS, NO_TRANS, 300, 57),
-                         (NO_TRANS, TRANS, 7, 40), (NO_TRANS, TRANS, 300, 12), (NO_TRANS, NO_TRANS, 300, 12)):
+    # m = 17: a 16-row block of a one-vector tail and a leftover row (AVX2: two 6-row
+    # blocks, a 4-row group, a row); 133: two blocks of rows where the tile has ROW_BLOCK
+    # k = 7: under one 16-row block of a transposed B; 300: two K blocks, the second 44 deep
+    # (K_MAX where it takes less: one block); n = 40 and 12: a tail of one vector, 57: of two, masked
+    deep = min(300, tile_gemm.K_MAX)
+    for m, ta, tb, k, n in ((17, NO_TRANS, NO_TRANS, 7, 40), (17, TRANS, NO_TRANS, 7, 40),
+                            (17, NO_TRANS, NO_TRANS, deep, 57), (17, NO_TRANS, TRANS, 7, 40),
+                            (17, NO_TRANS, TRANS, deep, 12), (17, NO_TRANS, NO_TRANS, deep, 12),
+                            (133, NO_TRANS, NO_TRANS, 7, 40), (133, TRANS, NO_TRANS, 7, 57)):
         a, b, op_a, op_b = _check_operands(rng, m, n, k, ta, tb)
         want = op_a.astype(np.float64) @ op_b.astype(np.float64)
         outs = _all_rows_and_one(fn, m, n, k, ta, tb, a, b)
@@ -417,8 +422,8 @@ def _check_bias(fn, sgemm) -> bool:
     """Does fn (TILE_BIAS) give the same bits as sgemm (TILE) followed by dense_forward's
     bias and ReLU pass, with and without the ReLU, K in one block and in two, a tail?"""
     rng = np.random.default_rng(2)
-    m, n = 17, 44
-    for k, relu in ((7, True), (300, False), (300, True)):
+    n, deep = 44, min(300, tile_gemm.K_MAX)
+    for m, k, relu in ((17, 7, True), (17, deep, False), (17, deep, True), (133, 7, True)):
         a = rng.standard_normal((m, k)).astype(np.float32)
         b = rng.standard_normal((k, n)).astype(np.float32)
         bias = rng.standard_normal(n).astype(np.float32)
@@ -448,7 +453,7 @@ def _bind_no_bias():
 def _bind_tile(library_address):
     """Bind SYMBOL to tile_gemm's sgemm (which calls the library for what it leaves), and
     TILE_BIAS to its bias-and-ReLU version, where CUBEDQN_TILE_GEMM allows and the CPU has
-    AVX-512; returns (engine or None, why not)."""
+    AVX-512 or AVX2 and FMA; returns (engine or None, why not)."""
     llb.add_symbol(tile_gemm.LIBRARY, library_address)
     if not TILE_WANTED:
         _bind_no_bias()
@@ -456,7 +461,7 @@ def _bind_tile(library_address):
     llb.add_symbol(tile_gemm.THREADS, _threads_query())
     try:
         engine, _ = tile_gemm.compile_tile()
-    except Exception as e:  # no AVX-512, or an LLVM that cannot target this CPU
+    except Exception as e:  # no AVX2, or an LLVM that cannot target this CPU
         _bind_no_bias()
         return None, f"not used: {e}"
     address = engine.get_function_address(tile_gemm.TILE)
@@ -554,12 +559,14 @@ _team_checked = None  # None: not yet; then whether the split products came out 
 
 def _check_team() -> bool:
     """With the workers on: do products the team splits (column chunks, the last one wider,
-    B as is and transposed, A transposed, two K blocks) give the inner function's bits, and
+    B as is and transposed, A transposed, two K blocks where the tile takes K past 256) give
+    the inner function's bits, and
     the bias version its bits and its answer?"""
     split = _CTYPES_SIG(_TEAM_ENGINE.get_function_address(team.TEAM_SGEMM))
     inner = _CTYPES_SIG(llb.address_of_symbol(team.INNER_SGEMM))
     rng = np.random.default_rng(4)
-    for ta, tb, m, n, k in ((NO_TRANS, NO_TRANS, 17, 100, 300), (NO_TRANS, TRANS, 9, 260, 64),
+    deep = min(300, tile_gemm.K_MAX) if TILE else 300  # products the inner computes (not the library behind the tile)
+    for ta, tb, m, n, k in ((NO_TRANS, NO_TRANS, 17, 100, deep), (NO_TRANS, TRANS, 9, 260, 64),
                             (TRANS, NO_TRANS, 40, 129, 64), (NO_TRANS, NO_TRANS, 64, 256, 256)):
         a, b, _, _ = _check_operands(rng, m, n, k, ta, tb)
         if not np.array_equal(_product(split, m, n, k, ta, tb, a, b), _product(inner, m, n, k, ta, tb, a, b),
@@ -567,7 +574,7 @@ def _check_team() -> bool:
             return False
     split_bias = _BIAS_CTYPES(_TEAM_ENGINE.get_function_address(team.TEAM_BIAS))
     inner_bias = _BIAS_CTYPES(llb.address_of_symbol(team.INNER_BIAS))
-    m, n, k = 33, 200, 300
+    m, n, k = 33, 200, deep
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)

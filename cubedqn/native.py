@@ -236,6 +236,11 @@ def host_has_avx512() -> bool:
     return "+avx512f" in host_features().split(",")
 
 
+def host_has_avx2_fma() -> bool:
+    features = host_features().split(",")
+    return "+avx2" in features and "+fma" in features
+
+
 def load_or_compile(stem, source_files, build_ir, symbols, extra_features=""):
     """(engine, "cache" or "compiled"): the object code of build_ir() for this CPU, from
     the cache file when one matches, else compiled now (and written to the cache). The

@@ -1,8 +1,9 @@
-"""A float32 GEMM for the step's small products, as an AVX-512 register tile in LLVM IR.
+"""A float32 GEMM for the step's small products, as a register tile in LLVM IR (AVX-512, or
+AVX2 with FMA).
 
 What this file is: one function, `cubedqn_tile_sgemm64`, with the CBLAS ILP64 sgemm
 signature, that blas.py binds as the engine's GEMM symbol (`cubedqn_sgemm64`) on CPUs with
-AVX-512, and its twin `cubedqn_tile_sgemm_bias` for the forward layers (nn.dense_forward
+AVX-512 or AVX2 and FMA, and its twin `cubedqn_tile_sgemm_bias` for the forward layers (nn.dense_forward
 through blas.gemm_bias_relu), which also adds the bias and applies the ReLU in the last
 stores, the same add and comparison per element as dense_forward's own pass, instead of
 a second pass over the output (or returns 0 and leaves it all to the caller where the
@@ -61,9 +62,18 @@ rows into up to T shares, each on a pthread started for it and the first on the 
 (the same bits: rows are independent in the kernel); on the 2-vCPU Zen 4 host the 3x3x3
 step's GEMM layers ran 1.10-1.42x faster on two threads (README, "bfloat16 matmuls").
 
-What it is not: a general BLAS (no blocking for L2: K and M are bounded as above), or built
-for AVX2 (16 accumulators of 32 floats need 32 registers; on CPUs without AVX-512 nothing
-here is compiled and blas.py binds the library alone).
+AVX2 (no AVX-512: 16 ymm registers): the same code with LANES 8, a 6 x 16 tile (panels of
+16 columns, 12 accumulators, two panel loads and a broadcast, as BLIS's Haswell sgemm
+kernel) and the rows left over four at a time, then one (M = 64 leaves four). The sizes
+above in 8s, 16s and 32s read as 6s, 8s and 16s there. What it buys on the Zen 3 host
+(docs/performance-log.md, stop 39): alone, hot, 0.90-0.98x OpenBLAS's Haswell kernel on
+the small step's 256-wide products and 1.04-1.16x on the 12-action heads; in the step the
+fused bias and ReLU too; and with `--threads 2` products the GEMM team can split without
+changing a bit (OpenBLAS's Haswell kernel gives a column different bits in a call on a
+block of columns, so the team refuses to split over it: blas._check_team).
+
+What it is not: a general BLAS (no blocking for L2: K and M are bounded as above). On CPUs
+with neither instruction set nothing here is compiled and blas.py binds the library alone.
 """
 
 from __future__ import annotations
@@ -71,8 +81,9 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from . import tile_bf16
-from .native import (bias_gemm_type, counted_loop, declare, host_cpu_name, host_has_avx512, load_floats,
-                     load_or_compile, sgemm_type, store_floats, tail_columns, transpose_rows, zero_or_loaded)
+from .native import (bias_gemm_type, counted_loop, declare, host_cpu_name, host_has_avx2_fma, host_has_avx512,
+                     load_floats, load_or_compile, sgemm_type, store_floats, tail_columns, transpose_rows,
+                     zero_or_loaded)
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
@@ -83,7 +94,13 @@ THREADS = "cubedqn_blas_threads"  # int (): the library's thread count now (blas
 # void (i32): 1 sends every product TILE and TILE_BIAS are given to tile_bf16.BF16, 0 (the
 # start) back to float32; only where the module has BF16 (the CPU has AVX512_BF16)
 SET_PRECISION = "cubedqn_tile_set_bf16"
-MR, NR, LANES = 8, 32, 16   # tile rows, tile columns (one panel), floats per zmm register
+# tile rows, tile columns (one panel), floats per vector register; the rows a smaller group
+# takes where fewer than MR are left (before the last ones go one at a time)
+AVX512 = host_has_avx512()
+if AVX512:    # 16 zmm accumulators of the 32 registers
+    MR, NR, LANES, REST_ROWS = 8, 32, 16, ()
+else:         # AVX2: 12 ymm accumulators, 2 rows of the panel and a broadcast of the 16 registers;
+    MR, NR, LANES, REST_ROWS = 6, 16, 8, (4,)  # M = 64 leaves 4 rows: one 4-row group, not four single rows
 K_BLOCK = 256               # K in blocks of this: the panel is K_BLOCK x NR floats on the stack (32 KB)
 N_MIN = 8                   # narrower products stay with the library (a vector would be mostly idle)
 # the longest K taken with A as is (or B transposed): two blocks, or four on the CPUs listed
@@ -92,10 +109,17 @@ N_MIN = 8                   # narrower products stay with the library (a vector 
 # step; on a Sapphire Rapids-class host 0.92-1.03x, so the library keeps it there;
 # docs/performance-log.md)
 K_MAX_BY_CPU = {"znver4": 1024}
-K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512)
+# (AVX2: 256; at K = 512 the 6 x 16 tile ran 0.93-0.95x OpenBLAS on the Zen 3 host)
+K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512) if AVX512 else 256
 # a transposed A is taken up to this K, and this many rows of C unless N <= LANES (the
 # 3x3x3 head's gradient, 512 x 256 x 12: 82 against 47 GFLOP/s for the library, Zen 4, hot)
 TRANS_A_MAX = 256
+# AVX2: a product with more rows of C than this is done a block of them at a time (each a
+# call of the tile), so that the block's rows of A (128 x K <= 512: 256 KB at most) stay in
+# L2 (512 KB a core on Zen 3) across B's panels of 16 columns; with the whole of A read once
+# per panel from L3 the 256-row products ran 0.8-0.9x OpenBLAS. None: no such blocks (the
+# 32-column panels read A half as often, and Zen 4 has 1 MB of L2)
+ROW_BLOCK = None if AVX512 else 128
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 # bfloat16 products of at least this many multiply-adds (0.7 ms or more on one Zen 4 core)
 # are split by rows over the library's threads (a pthread started per share, the caller
@@ -103,6 +127,19 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 # (waking the other CPU for each product), those of 1.3 ms and more 1.3-1.8x when it was free
 SPLIT_MACS = 1 << 26
 MAX_PARTS = 8
+
+
+def takes(m, n, k, trans_a=False, trans_b=False, bias=False) -> bool:
+    """Whether TILE (TILE_BIAS where bias) computes this row-major, alpha 1, beta 0 product
+    itself while the library runs on one thread, as _emit's rule decides (rows in blocks
+    included): for scripts and tests that say which of the two ran."""
+    if n < N_MIN or m < 1 or k < 1 or (trans_b and k > K_MAX):
+        return False
+    if bias:
+        return k <= K_MAX
+    if not trans_a:
+        return k <= K_MAX
+    return k <= TRANS_A_MAX and (m <= TRANS_A_MAX or n <= LANES or AVX512)
 
 
 def module_ir() -> str:
@@ -275,8 +312,11 @@ def _emit(mod, epilogue, bf16=None):
         # wider than 256), everything else as the tile wants it: TRANS_A_MAX rows of C at
         # a time, each a call of this function, so that each call's A (256 x K) stays in
         # L2 across B's panels
+        # (AVX-512 only: with AVX2 such blocks ran 0.71-0.84x OpenBLAS on the Zen 3 host)
         blocks = b.and_(fits, b.and_(trans, b.and_(b.icmp_signed(">", M, c64(TRANS_A_MAX)),
                                                    b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))
+        if not AVX512:
+            blocks = ir.Constant(ir.IntType(1), 0)
         blocks_bb, whole_bb = fn.append_basic_block("rows.blocks"), fn.append_basic_block("library.whole")
         b.cbranch(blocks, blocks_bb, whole_bb)
         b.position_at_end(blocks_bb)
@@ -292,10 +332,25 @@ def _emit(mod, epilogue, bf16=None):
         b.ret_void()
 
     b.position_at_end(tile_bb)
+    row_step = b.select(trans, c64(1), lda)  # A's element (i, k) is at i * row_step + k * k_step
+    if ROW_BLOCK:
+        blocks_bb, one_bb = fn.append_basic_block("rows.l2"), fn.append_basic_block("rows.one")
+        b.cbranch(b.icmp_signed(">", M, c64(ROW_BLOCK)), blocks_bb, one_bb)
+        b.position_at_end(blocks_bb)
+        i0, _, close_i0 = counted_loop(b, c64(0), b.add(M, c64(ROW_BLOCK - 1)), ROW_BLOCK, "rows.l2.block")
+        left = b.sub(M, i0)
+        m = b.select(b.icmp_signed("<", left, c64(ROW_BLOCK)), left, c64(ROW_BLOCK))
+        a_i0, c_i0 = b.gep(A, [b.mul(i0, row_step)]), b.gep(C, [b.mul(i0, ldc)])
+        if epilogue:
+            b.call(fn, [m, N, K, a_i0, lda, B, ldb, c_i0, ldc, bias, relu])
+        else:
+            b.call(fn, [order, ta, tb, m, N, K, alpha, a_i0, lda, B, ldb, beta, c_i0, ldc])
+        close_i0()
+        b.ret(c64(1)) if epilogue else b.ret_void()
+        b.position_at_end(one_bb)
     panel = b.alloca(ir.ArrayType(f32, K_BLOCK * NR))
     panel.align = 64
     panel = b.bitcast(panel, f32.as_pointer())
-    row_step = b.select(trans, c64(1), lda)  # A's element (i, k) is at i * row_step + k * k_step
     k_step = b.select(trans, lda, c64(1))
     n_tiled = b.sub(N, b.srem(N, c64(NR)))
 
@@ -317,7 +372,7 @@ def _emit(mod, epilogue, bf16=None):
         return load_floats(b, ptr, off, LANES, mask)
 
     def columns(j0, nvec, masks, mr, width):
-        """C[:, j0:j0+width], width = nvec * 16 columns (all of them where masks is None,
+        """C[:, j0:j0+width], width = nvec * LANES columns (all of them where masks is None,
         else the lanes the masks set), mr rows at a time: K in blocks of K_BLOCK rows of
         op(B), each block's panel, then every row of C from where the previous block left
         it (so each element is still one chain of FMAs over k in order)."""
@@ -356,16 +411,19 @@ def _emit(mod, epilogue, bf16=None):
                 return [vload(C, b.add(b.add(b.mul(b.add(i0, c64(r)), ldc), j0), c64(v * LANES)), masks and masks[v])
                         for r in range(mr) for v in range(nvec)]
 
+            def step(k, accs):
+                bv = b_row(k)
+                a_k = b.mul(b.add(k0, k), k_step)
+                new = []
+                for r in range(mr):
+                    a = b.load(b.gep(A, [b.add(b.mul(b.add(i0, c64(r)), row_step), a_k)]))
+                    av = b.shuffle_vector(b.insert_element(undef, a, lane0), undef, splat)
+                    new += [b.call(fma, [av, bv[v], accs[r * nvec + v]]) for v in range(nvec)]
+                return new
+
             init = zero_or_loaded(b, first, load_c, zero, name)  # zero in the first K block, C after it
             k, accs, close_k = loop(c64(0), kn, 1, name, init)
-            bv = b_row(k)
-            a_k = b.mul(b.add(k0, k), k_step)
-            new = []
-            for r in range(mr):
-                a = b.load(b.gep(A, [b.add(b.mul(b.add(i0, c64(r)), row_step), a_k)]))
-                av = b.shuffle_vector(b.insert_element(undef, a, lane0), undef, splat)
-                new += [b.call(fma, [av, bv[v], accs[r * nvec + v]]) for v in range(nvec)]
-            sums = close_k(new)
+            sums = close_k(step(k, accs))
             for r in range(mr):
                 base = b.add(b.mul(b.add(i0, c64(r)), ldc), j0)
                 for v in range(nvec):
@@ -383,6 +441,14 @@ def _emit(mod, epilogue, bf16=None):
             close_i()
             return i0
 
+        def all_rows(start, mr, tag=""):
+            """C rows [start, M): mr at a time, then the smaller groups, then one at a time."""
+            start = rows_from(start, mr, tag)
+            for rest in REST_ROWS:
+                if rest < mr:
+                    start = rows_from(start, rest, tag)
+            rows_from(start, 1, tag)
+
         # op(B)[k0:k0+kn, j0:j0+width] -> panel (kn rows NR apart, contiguous; zero past N).
         # B as is, full panels, M >= mr and K in one block: the first row group reads B
         # itself and fills the panel as it goes, its loads overlapping its FMAs (64 x 256 x
@@ -397,7 +463,7 @@ def _emit(mod, epilogue, bf16=None):
             b.cbranch(b.and_(b.icmp_signed(">=", M, c64(mr)), b.icmp_signed("<=", K, c64(K_BLOCK))), fused_go, pack_n)
             b.position_at_end(fused_go)
             group(c64(0), mr, b_row_packed, f"kf{nvec}.{mr}")
-            rows_from(rows_from(c64(mr), mr, "f"), 1, "f")  # own copies: the other paths' loops stay as they were
+            all_rows(c64(mr), mr, "f")  # own copies: the other paths' loops stay as they were
             fused_end = b.block
         else:
             b.cbranch(b_trans, pack_t, pack_n)
@@ -436,7 +502,7 @@ def _emit(mod, epilogue, bf16=None):
             close_k1()
         b.branch(packed)
         b.position_at_end(packed)
-        rows_from(rows_from(c64(0), mr), 1)
+        all_rows(c64(0), mr)
         if masks is None:
             block_done = fn.append_basic_block(f"block.done{nvec}")
             b.branch(block_done)
@@ -461,9 +527,10 @@ def _emit(mod, epilogue, bf16=None):
 
 def compile_tile():
     """(engine, "cache" or "compiled") with TILE bound; LIBRARY and THREADS must be bound before.
-    Raises where the CPU has no AVX-512 or LLVM cannot compile the IR."""
-    if not host_has_avx512():
-        raise RuntimeError("needs AVX-512 (16 accumulators of 32 floats)")
-    # LLVM's default for these CPUs is 256-bit vectors; the tile is written for 512
+    Raises where the CPU has neither AVX-512 nor AVX2 with FMA, or LLVM cannot compile the IR."""
+    if not (AVX512 or host_has_avx2_fma()):
+        raise RuntimeError("needs AVX2 and FMA (6 x 16 tile) or AVX-512 (8 x 32)")
     symbols = (TILE, TILE_BIAS) + ((SET_PRECISION,) if tile_bf16.host_has_bf16() else ())
-    return load_or_compile("tile-gemm", (__file__, tile_bf16.__file__), module_ir, symbols, ",-prefer-256-bit")
+    # LLVM's default for the AVX-512 CPUs is 256-bit vectors; that tile is written for 512
+    return load_or_compile("tile-gemm", (__file__, tile_bf16.__file__), module_ir, symbols,
+                           ",-prefer-256-bit" if AVX512 else "")

@@ -134,8 +134,7 @@ def main():
             np.testing.assert_allclose(outs[1], want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
         lib_us, tile_us = (float(np.median(t)) for t in times)
         flops = 2.0 * m * n * k
-        tg = blas.tile_gemm
-        taken = n >= tg.N_MIN and (k <= tg.TRANS_A_MAX and m <= tg.TRANS_A_MAX if trans else k <= tg.K_MAX)
+        taken = blas.tile_gemm.takes(m, n, k, trans, trans_b)
         shape = f"{m} x {k} x {n}{' (A^T)' if trans else ' (B^T)' if trans_b else ''}"
         print(f"{label:<40s} {shape:>22s} {lib_us:9.1f} {tile_us:9.1f} {flops / lib_us / 1e3:7.1f} "
               f"{flops / tile_us / 1e3:7.1f} {lib_us / tile_us:8.2f}x{'' if taken or args.bf16 else ' library'}")

@@ -41,6 +41,34 @@ def _probe() -> bool:
 ROWS_EXACT = _probe()
 
 
+def _columns_probe() -> bool:
+    """Does the library behind the tile (tile_gemm.LIBRARY) give a block of a product's
+    columns, computed alone, the bits it gives them in the whole product? The GEMM team
+    (team.py) splits products by columns: where the library does not, the products the
+    tile leaves to it come out of a split equal to float32 rounding, not bit for bit."""
+    import ctypes
+
+    from cubedqn import blas, tile_gemm
+    from threadpoolctl import threadpool_limits
+    lib = blas._CTYPES_SIG(ctypes.cast(blas.llb.address_of_symbol(tile_gemm.LIBRARY), ctypes.c_void_p).value)
+    rng = np.random.default_rng(1)
+    with threadpool_limits(limits=1, user_api="blas"):
+        for m, n, k in ((64, 256, 300), (17, 100, 1024)):
+            a, b, _, _ = blas._check_operands(rng, m, n, k, blas.NO_TRANS, blas.NO_TRANS)
+            whole = blas._product(lib, m, n, k, blas.NO_TRANS, blas.NO_TRANS, a, b)[:, :n]
+            for j0 in (32, 64):
+                part = np.ascontiguousarray(b[:, j0:n])
+                c = np.full((m, n - j0), np.nan, np.float32)
+                lib(blas.ROW_MAJOR, blas.NO_TRANS, blas.NO_TRANS, m, n - j0, k, 1.0, a.ctypes.data, a.shape[1],
+                    part.ctypes.data, n - j0, 0.0, c.ctypes.data, n - j0)
+                if not np.array_equal(c, whole[:, j0:]):
+                    return False
+    return True
+
+
+COLUMNS_EXACT = _columns_probe()
+
+
 def same(actual, desired, rtol=1e-4, atol=1e-6):
     """Bitwise equal where the BLAS is row-exact, else equal to float32 rounding (the paths
     sum in one order per row but the BLAS does not)."""

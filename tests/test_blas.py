@@ -17,6 +17,8 @@ from cubedqn import blas
 from cubedqn.blas import NO_TRANS, ROW_MAJOR, TRANS, gemm
 from cubedqn.tile_gemm import K_MAX
 
+DEEP = min(300, K_MAX)  # K in two blocks of the tile where it takes K past 256 (AVX-512), else its longest
+
 # operands typed as non-contiguous compile np.dot's copying branch too, which numba warns about
 pytestmark = pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
 
@@ -151,7 +153,7 @@ def test_unknown_choice_is_a_one_line_error():
     assert r.stderr.strip() == "cubedqn: error: CUBEDQN_BLAS='mkl' is not one of: numpy, scipy"
 
 
-# --- tile_gemm.py: the register tile blas.py binds as the GEMM symbol on AVX-512 CPUs -------
+# --- tile_gemm.py: the register tile blas.py binds as the GEMM symbol on AVX-512 and AVX2 CPUs
 
 needs_tile = pytest.mark.skipif(not blas.TILE, reason=f"tile GEMM not bound here: {blas.TILE_STATUS}")
 
@@ -176,6 +178,8 @@ def _tile_cases():
         for n in (7, 8, 12, 17, 32, 40, 57, 256):  # 7: too narrow; 12, 17, 40, 57: masked tails
             for k in sorted({1, 5, 256, 257, 512, 513, K_MAX, K_MAX + 1}):
                 yield m, n, k, False, False
+    for n, k in ((40, 7), (256, 256), (12, 100)):  # AVX2: three blocks of rows (tile_gemm.ROW_BLOCK)
+        yield 300, n, k, False, False
     for m, n, k in ((256, 256, 64), (257, 64, 8), (9, 40, 7), (1, 33, 3), (64, 64, 256), (64, 64, 257),
                     (256, 12, 64), (33, 20, 9), (512, 12, 256), (300, 16, 100), (520, 17, 64), (300, 12, 257),
                     (600, 40, 256)):
@@ -207,18 +211,20 @@ def test_tile_sgemm_matches_float64_reference(m, n, k, trans_a, trans_b, one_bla
 
 @needs_tile
 def test_tile_rows_do_not_depend_on_the_rows_beside_them(one_blas_thread):
-    """Bitwise: a row computed alone, in an 8-row block or as a leftover row is the same
-    K fused multiply-adds in the same order (the engine's chunked paths rely on it), with
-    K in one block and in two, B as is and transposed (the input gradients' delta @ W^T)."""
+    """Bitwise: a row computed alone, in an 8-row block or as a leftover row (AVX2: 6-row
+    blocks, a 4-row group, blocks of 128 rows) is the same K fused multiply-adds in the same
+    order (the engine's chunked paths rely on it), with K in one block and in two (where the
+    tile takes K past 256), B as is and transposed (the input gradients' delta @ W^T)."""
     rng = np.random.default_rng(5)
-    for k, n, b_transposed in ((256, 96, False), (300, 96, False), (256, 96, True), (300, 96, True),
-                               (256, 12, False), (300, 44, False), (256, 57, True)):
-        a = rng.standard_normal((67, k)).astype(np.float32)
+    for k, n, b_transposed in ((256, 96, False), (DEEP, 96, False), (256, 96, True), (DEEP, 96, True),
+                               (256, 12, False), (DEEP, 44, False), (256, 57, True)):
+        a = rng.standard_normal((300, k)).astype(np.float32)
         b = rng.standard_normal((n, k)).astype(np.float32).T if b_transposed else \
             rng.standard_normal((k, n)).astype(np.float32)
-        full = np.empty((67, n), np.float32)
+        full = np.empty((300, n), np.float32)
         _gemm_jit(a, b, full)
-        for lo, hi in ((0, 1), (3, 11), (60, 67), (8, 16), (64, 67), (16, 33)):
+        # (AVX2: 6-row blocks, a 4-row group and single rows; blocks of 128 rows past 128)
+        for lo, hi in ((0, 1), (3, 11), (60, 67), (8, 16), (64, 67), (16, 33), (0, 67), (120, 140), (250, 300)):
             part = np.empty((hi - lo, n), np.float32)
             _gemm_jit(a[lo:hi], b, part)
             np.testing.assert_array_equal(part, full[lo:hi])
@@ -284,7 +290,8 @@ def _gemm_then_pass(a, b, bias, relu):
 
 
 @needs_tile
-@pytest.mark.parametrize("m,k,n", sorted({(64, 256, 256), (9, 300, 44), (1, 5, 12), (17, 512, 33), (17, K_MAX, 33)}))
+@pytest.mark.parametrize("m,k,n", sorted({(64, 256, 256), (9, DEEP, 44), (1, 5, 12), (17, min(512, K_MAX), 33),
+                                          (17, K_MAX, 33), (300, 64, 40)}))
 @pytest.mark.parametrize("relu", [False, True])
 def test_tile_bias_relu_equals_the_gemm_and_the_pass(m, k, n, relu, one_blas_thread):
     """Bitwise: the bias and ReLU applied in the tile's last stores are the same one add

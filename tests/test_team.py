@@ -12,6 +12,7 @@ from numba import carray, cfunc, njit, types
 
 from cubedqn import blas, team
 from cubedqn.threads import gemm_threads, limit_threads, one_gemm_thread, set_gemm_threads
+from blas_rows import COLUMNS_EXACT
 
 needs_team = pytest.mark.skipif(blas.team_problem() is not None, reason=str(blas.team_problem()))
 NO_TRANS, TRANS = blas.NO_TRANS, blas.TRANS
@@ -67,7 +68,10 @@ def test_split_products_give_the_inner_gemms_bits(one_worker, m, n, k, ta, tb):
     got = _call(_sgemm(blas.llb.address_of_symbol(blas.SYMBOL)), ta, tb, m, n, k, a, b)
     splits = blas.team_stats()["split"] - before
     want = _call(_sgemm(blas.llb.address_of_symbol(team.INNER_SGEMM)), ta, tb, m, n, k, a, b)
-    np.testing.assert_array_equal(got, want)  # the spare column untouched (NaN) in both
+    if COLUMNS_EXACT or (blas.TILE and blas.tile_gemm.takes(m, n, k, ta == TRANS, tb == TRANS)):
+        np.testing.assert_array_equal(got, want)  # the spare column untouched (NaN) in both
+    else:  # the tile leaves it to a library whose columns depend on the call's (tests/blas_rows.py)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k), equal_nan=True)
     np.testing.assert_allclose(got[:, :n], op_a.astype(np.float64) @ op_b, rtol=1e-4, atol=1e-4)
     # split exactly where the rule says (the caller was the only one splitting here)
     assert splits == int(m * n * k >= team.SPLIT_MACS and n >= 2 * team.CHUNK_MIN)
