@@ -15,10 +15,10 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               `scripts/bench_tile_gemm.py --library-threads 2` times): row-major, alpha 1,
               beta 0, N >= 8, B as is or transposed (input gradients: delta @ W^T), and
               either A as is with K <= K_MAX (forward layers: (B, in) @ (in, out);
-              K_MAX is 512, 1024 on Zen 4) or A transposed with K <= 256 and M <= 256
-              or N <= 16 (weight gradients at batch <= 256: acts^T @ delta; N <= 16, a
-              Q head's, at any M: its 16-row groups read whole lines of A, each once).
-              With A transposed, K <= 256 and M > 256 otherwise as above (the 3x3x3's
+              K_MAX is 512, 1024 on Zen 4, 256 with AVX2) or A transposed with K <= 256
+              and M <= 256 or N <= LANES (weight gradients at batch <= 256: acts^T @
+              delta; N <= 16, a Q head's, at any M: its 16-row groups read whole lines of
+              A, each once). With AVX-512, A transposed, K <= 256 and M > 256 otherwise as above (the 3x3x3's
               1024 x 256 x 512 weight gradient), TILE calls itself on blocks of 256 rows
               of C: each block's A (256 x K) then stays in L2 across B's panels, where
               the whole A, read once per panel, came from L3 and ran 0.8-1.0x OpenBLAS
@@ -66,11 +66,12 @@ AVX2 (no AVX-512: 16 ymm registers): the same code with LANES 8, a 6 x 16 tile (
 16 columns, 12 accumulators, two panel loads and a broadcast, as BLIS's Haswell sgemm
 kernel) and the rows left over four at a time, then one (M = 64 leaves four). The sizes
 above in 8s, 16s and 32s read as 6s, 8s and 16s there. What it buys on the Zen 3 host
-(docs/performance-log.md, stop 39): alone, hot, 0.90-0.98x OpenBLAS's Haswell kernel on
-the small step's 256-wide products and 1.04-1.16x on the 12-action heads; in the step the
-fused bias and ReLU too; and with `--threads 2` products the GEMM team can split without
-changing a bit (OpenBLAS's Haswell kernel gives a column different bits in a call on a
-block of columns, so the team refuses to split over it: blas._check_team).
+(docs/performance-log.md, stop 39): alone, hot, 0.97-1.11x OpenBLAS's Haswell kernel on
+the small step's 256-wide products in quiet windows (0.81-0.92x in slow ones) and
+1.04-1.25x on the 12-action heads; in the step the fused bias and ReLU too; and with
+`--threads 2` products the GEMM team can split without changing a bit (OpenBLAS's
+Haswell kernel gives a column different bits in a call on a block of columns, so the team
+refuses to split over it: blas._check_team).
 
 What it is not: a general BLAS (no blocking for L2: K and M are bounded as above). On CPUs
 with neither instruction set nothing here is compiled and blas.py binds the library alone.

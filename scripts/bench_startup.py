@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Start-up cost: `cubedqn train --profile cube2-quick --steps 10` with a cold and a warm
-Numba cache, timed as whole commands (so an upper bound on "time until training begins":
-it includes imports, compilation or cache loads, filling replay to learning_starts, the
-10 steps and the final checkpoint). The warm run must compile nothing: with
+Numba cache, timed as whole commands (an upper bound on "time until training begins": it
+includes imports, compilation or cache loads, filling replay to learning_starts, the 10
+steps, the curriculum's evaluation and the final checkpoint, and whatever those compile)
+and to the moment the command prints "kernels ready" (its warm-up done: training begins
+there). The warm run must compile nothing: with
 NUMBA_DEBUG_CACHE=1 numba reports every cache save, and a warm run should report none.
 
   python scripts/bench_startup.py [--repeats 3]
@@ -39,13 +41,17 @@ def run_once(cache_dir, out_dir):
     # warms the kernels up first (Trainer.warm_up) and the time includes that
     cmd = [sys.executable, "-m", "cubedqn.cli", *WARM_COMMANDS["train --profile cube2-quick --steps 10"], out_dir]
     t = time.perf_counter()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    begins, lines = None, []
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        for line in p.stdout:  # as the command prints it
+            if begins is None and line.startswith("kernels ready"):
+                begins = time.perf_counter() - t
+            lines.append(line)
     wall = time.perf_counter() - t
-    if r.returncode != 0:
-        raise SystemExit(r.stderr[-2000:])
-    saves = r.stdout.count("data saved to")
-    loads = r.stdout.count("data loaded from")
-    return wall, saves, loads
+    out = "".join(lines)
+    if p.returncode != 0:
+        raise SystemExit(out[-2000:])
+    return wall, begins, out.count("data saved to"), out.count("data loaded from")
 
 
 def cold_and_warm(repeats, tmp):
@@ -55,9 +61,12 @@ def cold_and_warm(repeats, tmp):
         cold.append(run_once(cache, os.path.join(tmp, f"cold{k}")))
         warm.append(run_once(cache, os.path.join(tmp, f"warm{k}")))
     for name, rows in (("cold cache", cold), ("warm cache", warm)):
-        walls = sorted(w for w, _, _ in rows)
+        walls = sorted(w for w, _, _, _ in rows)
+        begins = sorted(b for _, b, _, _ in rows if b is not None)
+        begin = (f"training began (\"kernels ready\") at median {begins[len(begins) // 2]:.2f} s "
+                 f"(runs: {', '.join(f'{b:.2f}' for b in begins)}); ") if begins else ""
         print(f"{name}: median {walls[len(walls) // 2]:.2f} s (runs: {', '.join(f'{w:.2f}' for w in walls)}); "
-              f"cache saves {rows[0][1]}, cache loads {rows[0][2]}")
+              f"{begin}cache saves {rows[0][2]}, cache loads {rows[0][3]}")
 
 
 def against(other, rounds, tmp):
