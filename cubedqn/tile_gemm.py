@@ -116,10 +116,11 @@ K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512) if AVX512 else 256
 # 3x3x3 head's gradient, 512 x 256 x 12: 82 against 47 GFLOP/s for the library, Zen 4, hot)
 TRANS_A_MAX = 256
 # AVX2: a product with more rows of C than this is done a block of them at a time (each a
-# call of the tile), so that the block's rows of A (128 x K <= 512: 256 KB at most) stay in
+# call of the tile), so that the block's rows of A (128 x K <= 256: 128 KB at most) stay in
 # L2 (512 KB a core on Zen 3) across B's panels of 16 columns; with the whole of A read once
-# per panel from L3 the 256-row products ran 0.8-0.9x OpenBLAS. None: no such blocks (the
-# 32-column panels read A half as often, and Zen 4 has 1 MB of L2)
+# per panel the preset's 1536 x 256 x 256 forward ran 0.91-0.97x OpenBLAS, 1.01-1.03x in
+# blocks of 128 (of 64: 0.81-1.01x). None: no such blocks (the 32-column panels read A half
+# as often, and Zen 4 has 1 MB of L2)
 ROW_BLOCK = None if AVX512 else 128
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 # bfloat16 products of at least this many multiply-adds (0.7 ms or more on one Zen 4 core)
