@@ -29,7 +29,12 @@ numbers in docs/performance-log.md, stop 33).
 Results: every element of C is computed by one inner call over the same K in the same
 order whichever chunk it falls in (the tile's panels and tail columns are the same; its
 rows and columns are independent, tests/test_team.py checks the bits), so w changes no
-result where the inner function's results do not depend on N.
+result where the inner function's results do not depend on N. OpenBLAS's Haswell kernel's
+do (a block of columns computed alone gets other bits in the last place): where it is the
+inner function (no tile: a CPU without AVX2, or CUBEDQN_TILE_GEMM=0) blas._check_team
+fails and the team is not used; where the tile is bound, the products it leaves to that
+library (K past the tile's K_MAX) come out of a split equal to float32 rounding, not bit
+for bit.
 
 Workers: started by SET_TEAM (pthreads, never joined: they live as long as the process),
 each spins on the job word while it has work (yielding the CPU at each look), after
