@@ -304,6 +304,21 @@ def test_tile_bias_relu_equals_the_gemm_and_the_pass(m, k, n, relu, one_blas_thr
     np.testing.assert_array_equal(out, _gemm_then_pass(a, b, bias, relu))
 
 
+@needs_tile
+def test_takes_says_which_bias_products_the_tile_computes(one_blas_thread):
+    """tile_gemm.takes (what scripts and tests read) against the bias GEMM's own answer,
+    which returns 0 where it leaves the product to the caller: K at and past K_MAX, N at
+    and below N_MIN, rows past the AVX2 row blocks."""
+    from cubedqn import tile_gemm
+    for m in (1, 7, 133):
+        for n in (tile_gemm.N_MIN - 1, tile_gemm.N_MIN, 40):
+            for k in (1, 256, K_MAX, K_MAX + 1):
+                a, b = np.ones((m, k), np.float32), np.ones((k, n), np.float32)
+                out = np.empty((m, n), np.float32)
+                done = _bias_relu_jit(a, b, np.zeros(n, np.float32), out, False)
+                assert done == tile_gemm.takes(m, n, k, bias=True), (m, n, k)
+
+
 def test_bias_relu_is_left_to_the_caller_where_the_tile_does_not_take_it():
     """Two library threads, K past the tile's bound, float64 or a transposed operand: it
     returns False and leaves out alone (dense_forward then runs the GEMM and its pass)."""
