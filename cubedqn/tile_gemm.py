@@ -64,7 +64,8 @@ step's GEMM layers ran 1.10-1.42x faster on two threads (README, "bfloat16 matmu
 
 AVX2 (no AVX-512: 16 ymm registers): the same code with LANES 8, a 6 x 16 tile (panels of
 16 columns, 12 accumulators, two panel loads and a broadcast, as BLIS's Haswell sgemm
-kernel) and the rows left over four at a time, then one (M = 64 leaves four). The sizes
+kernel) and the rows left over in groups of 4, 3 and 2, then one (M = 64 leaves four;
+where 6 at a time would leave one or two rows, the last 7 or 8 go as 4 + 3 or 4 + 4). The sizes
 above in 8s, 16s and 32s read as 6s, 8s and 16s there. What it buys on the Zen 3 host
 (docs/performance-log.md, stop 39): alone, hot, 0.97-1.11x OpenBLAS's Haswell kernel on
 the small step's 256-wide products in quiet windows (0.81-0.92x in slow ones) and
@@ -101,7 +102,7 @@ AVX512 = host_has_avx512()
 if AVX512:    # 16 zmm accumulators of the 32 registers
     MR, NR, LANES, REST_ROWS = 8, 32, 16, ()
 else:         # AVX2: 12 ymm accumulators, 2 rows of the panel and a broadcast of the 16 registers;
-    MR, NR, LANES, REST_ROWS = 6, 16, 8, (4,)  # M = 64 leaves 4 rows: one 4-row group, not four single rows
+    MR, NR, LANES, REST_ROWS = 6, 16, 8, (4, 3, 2)  # M = 64 leaves 4 rows: one 4-row group, not four rows
 K_BLOCK = 256               # K in blocks of this: the panel is K_BLOCK x NR floats on the stack (32 KB)
 N_MIN = 8                   # narrower products stay with the library (a vector would be mostly idle)
 # the longest K taken with A as is (or B transposed): two blocks, or four on the CPUs listed
@@ -435,17 +436,28 @@ def _emit(mod, epilogue, bf16=None):
                         out = b.select(clip, b.select(b.fcmp_ordered(">", out, zero), out, zero), out)
                     store_floats(b, out, C, b.add(base, c64(v * LANES)), masks and masks[v])
 
-        def rows_from(start, mr, tag=""):
-            """C rows [start, M) mr at a time (fewer left over stay for the next call);
+        def rows_from(start, mr, tag="", stop=M):
+            """C rows [start, stop) mr at a time (fewer left over stay for the next call);
             returns the first row not done."""
-            i0, _, close_i = loop(start, M, mr, f"i{nvec}.{mr}{tag}")
+            i0, _, close_i = loop(start, stop, mr, f"i{nvec}.{mr}{tag}")
             group(i0, mr, panel_row, f"k{nvec}.{mr}{tag}")
             close_i()
             return i0
 
         def all_rows(start, mr, tag=""):
-            """C rows [start, M): mr at a time, then the smaller groups, then one at a time."""
-            start = rows_from(start, mr, tag)
+            """C rows [start, M): mr at a time, then the smaller groups, then one at a time.
+            With smaller groups (AVX2), where mr at a time would leave one or two rows
+            (a 2-row group runs at about half the tile's rate, a single row at a quarter:
+            128 rows are 21 x 6 + 2), the last mr + 1 or mr + 2 rows go to them instead
+            (7 = 4 + 3, 8 = 4 + 4)."""
+            stop = M
+            if REST_ROWS:
+                left = b.sub(M, start)
+                r = b.srem(left, c64(mr))
+                back = b.and_(b.and_(b.icmp_signed(">=", r, c64(1)), b.icmp_signed("<=", r, c64(2))),
+                              b.icmp_signed(">", left, c64(mr)))
+                stop = b.select(back, b.sub(M, c64(mr)), M)
+            start = rows_from(start, mr, tag, stop)
             for rest in REST_ROWS:
                 if rest < mr:
                     start = rows_from(start, rest, tag)
