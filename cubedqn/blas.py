@@ -17,9 +17,9 @@ symbol `cubedqn_sgemm64`, which this module binds at import:
 
 On CPUs with AVX-512, or AVX2 and FMA, the symbol is then bound to `tile_gemm.py`'s sgemm
 instead, which computes the networks' small products itself (an 8 x 32 register tile, 6 x
-16 with AVX2) while the library
-runs on one thread and calls the library, bound as `cubedqn_blas_sgemm64`, for the rest;
-it is checked on small products at import and not bound if that fails.
+16 with AVX2) while the library runs on one thread and calls the library, bound as
+`cubedqn_blas_sgemm64`, for the rest; it is checked on small products at import and not
+bound if that fails.
 `CUBEDQN_TILE_GEMM=0` binds the library alone.
 
 Precision: `set_matmul_precision("bfloat16")` (where the CPU has AVX512_BF16 and the tile
@@ -560,8 +560,7 @@ _team_checked = None  # None: not yet; then whether the split products came out 
 def _check_team() -> bool:
     """With the workers on: do products the team splits (column chunks, the last one wider,
     B as is and transposed, A transposed, two K blocks where the tile takes K past 256) give
-    the inner function's bits, and
-    the bias version its bits and its answer?"""
+    the inner function's bits, and the bias version its bits and its answer?"""
     split = _CTYPES_SIG(_TEAM_ENGINE.get_function_address(team.TEAM_SGEMM))
     inner = _CTYPES_SIG(llb.address_of_symbol(team.INNER_SGEMM))
     rng = np.random.default_rng(4)

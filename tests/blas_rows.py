@@ -42,15 +42,13 @@ ROWS_EXACT = _probe()
 
 
 def _columns_probe() -> bool:
-    """Does the library behind the tile (tile_gemm.LIBRARY) give a block of a product's
+    """Does the library behind the tile (blas._LIBRARY_ADDRESS) give a block of a product's
     columns, computed alone, the bits it gives them in the whole product? The GEMM team
     (team.py) splits products by columns: where the library does not, the products the
     tile leaves to it come out of a split equal to float32 rounding, not bit for bit."""
-    import ctypes
-
-    from cubedqn import blas, tile_gemm
+    from cubedqn import blas
     from threadpoolctl import threadpool_limits
-    lib = blas._CTYPES_SIG(ctypes.cast(blas.llb.address_of_symbol(tile_gemm.LIBRARY), ctypes.c_void_p).value)
+    lib = blas._CTYPES_SIG(blas._LIBRARY_ADDRESS)
     rng = np.random.default_rng(1)
     with threadpool_limits(limits=1, user_api="blas"):
         for m, n, k in ((64, 256, 300), (17, 100, 1024)):
