@@ -349,6 +349,11 @@ def _all_rows_and_one(sgemm, m, n, k, ta, tb, a, b):
     return [_product(sgemm, m, n, k, ta, tb, a, b, rows)[:rows, :n] for rows in (m, 1)]
 
 
+# the checks' deep K: two K blocks of the tile where it takes K past 256 (AVX-512), else the
+# longest it takes (so that the tile, not the library behind it, computes those products)
+DEEP_K = min(300, tile_gemm.K_MAX)
+
+
 def _check_tile(fn) -> bool:
     """Does fn compute the products its tile takes right (8-row blocks, a leftover row, a
     panel and tail columns, A as is and transposed, B as is and transposed, K in one
@@ -358,11 +363,10 @@ def _check_tile(fn) -> bool:
     # m = 17: a 16-row block of a one-vector tail and a leftover row (AVX2: two 6-row
     # blocks, a 4-row group, a row); 133: two blocks of rows where the tile has ROW_BLOCK
     # k = 7: under one 16-row block of a transposed B; 300: two K blocks, the second 44 deep
-    # (K_MAX where it takes less: one block); n = 40 and 12: a tail of one vector, 57: of two, masked
-    deep = min(300, tile_gemm.K_MAX)
+    # (DEEP_K: one block where it takes less); n = 40 and 12: a tail of one vector, 57: of two, masked
     for m, ta, tb, k, n in ((17, NO_TRANS, NO_TRANS, 7, 40), (17, TRANS, NO_TRANS, 7, 40),
-                            (17, NO_TRANS, NO_TRANS, deep, 57), (17, NO_TRANS, TRANS, 7, 40),
-                            (17, NO_TRANS, TRANS, deep, 12), (17, NO_TRANS, NO_TRANS, deep, 12),
+                            (17, NO_TRANS, NO_TRANS, DEEP_K, 57), (17, NO_TRANS, TRANS, 7, 40),
+                            (17, NO_TRANS, TRANS, DEEP_K, 12), (17, NO_TRANS, NO_TRANS, DEEP_K, 12),
                             (133, NO_TRANS, NO_TRANS, 7, 40), (133, TRANS, NO_TRANS, 7, 57)):
         a, b, op_a, op_b = _check_operands(rng, m, n, k, ta, tb)
         want = op_a.astype(np.float64) @ op_b.astype(np.float64)
@@ -422,8 +426,8 @@ def _check_bias(fn, sgemm) -> bool:
     """Does fn (TILE_BIAS) give the same bits as sgemm (TILE) followed by dense_forward's
     bias and ReLU pass, with and without the ReLU, K in one block and in two, a tail?"""
     rng = np.random.default_rng(2)
-    n, deep = 44, min(300, tile_gemm.K_MAX)
-    for m, k, relu in ((17, 7, True), (17, deep, False), (17, deep, True), (133, 7, True)):
+    n = 44
+    for m, k, relu in ((17, 7, True), (17, DEEP_K, False), (17, DEEP_K, True), (133, 7, True)):
         a = rng.standard_normal((m, k)).astype(np.float32)
         b = rng.standard_normal((k, n)).astype(np.float32)
         bias = rng.standard_normal(n).astype(np.float32)
@@ -564,7 +568,7 @@ def _check_team() -> bool:
     split = _CTYPES_SIG(_TEAM_ENGINE.get_function_address(team.TEAM_SGEMM))
     inner = _CTYPES_SIG(llb.address_of_symbol(team.INNER_SGEMM))
     rng = np.random.default_rng(4)
-    deep = min(300, tile_gemm.K_MAX) if TILE else 300  # products the inner computes (not the library behind the tile)
+    deep = DEEP_K if TILE else 300  # products the inner computes (not the library behind the tile)
     for ta, tb, m, n, k in ((NO_TRANS, NO_TRANS, 17, 100, deep), (NO_TRANS, TRANS, 9, 260, 64),
                             (TRANS, NO_TRANS, 40, 129, 64), (NO_TRANS, NO_TRANS, 64, 256, 256)):
         a, b, _, _ = _check_operands(rng, m, n, k, ta, tb)

@@ -138,9 +138,7 @@ def takes(m, n, k, trans_a=False, trans_b=False, bias=False) -> bool:
     included): for scripts and tests that say which of the two ran."""
     if n < N_MIN or m < 1 or k < 1 or (trans_b and k > K_MAX):
         return False
-    if bias:
-        return k <= K_MAX
-    if not trans_a:
+    if bias or not trans_a:
         return k <= K_MAX
     return k <= TRANS_A_MAX and (m <= TRANS_A_MAX or n <= LANES or AVX512)
 
@@ -305,6 +303,23 @@ def _emit(mod, epilogue, bf16=None):
     for cond in conds[1:]:
         fits = b.and_(fits, cond)
     take = fits if a_rule is None else b.and_(fits, a_rule)
+    row_step = b.select(trans, c64(1), lda)  # A's element (i, k) is at i * row_step + k * k_step
+
+    def in_row_blocks(size, a_step):
+        """Emit: this function on rows [i0, i0 + size) of C (and of op(A), whose rows are
+        a_step apart) for i0 = 0, size, ..., the last block shorter; then return (1 from
+        TILE_BIAS: the product is done)."""
+        i0, _, close_i0 = counted_loop(b, c64(0), b.add(M, c64(size - 1)), size, f"rows.block{size}")
+        left = b.sub(M, i0)
+        m = b.select(b.icmp_signed("<", left, c64(size)), left, c64(size))
+        a_i0, c_i0 = b.gep(A, [b.mul(i0, a_step)]), b.gep(C, [b.mul(i0, ldc)])
+        if epilogue:
+            b.call(fn, [m, N, K, a_i0, lda, B, ldb, c_i0, ldc, bias, relu])
+        else:
+            b.call(fn, [order, ta, tb, m, N, K, alpha, a_i0, lda, B, ldb, beta, c_i0, ldc])
+        close_i0()
+        b.ret(c64(1)) if epilogue else b.ret_void()
+
     tile_bb, lib_bb = fn.append_basic_block("tile"), fn.append_basic_block("library")
     b.cbranch(take, tile_bb, lib_bb)
     b.position_at_end(lib_bb)
@@ -314,42 +329,25 @@ def _emit(mod, epilogue, bf16=None):
         # A transposed with more rows than the tile takes (a weight gradient of a layer
         # wider than 256), everything else as the tile wants it: TRANS_A_MAX rows of C at
         # a time, each a call of this function, so that each call's A (256 x K) stays in
-        # L2 across B's panels
-        # (AVX-512 only: with AVX2 such blocks ran 0.71-0.84x OpenBLAS on the Zen 3 host)
-        blocks = b.and_(fits, b.and_(trans, b.and_(b.icmp_signed(">", M, c64(TRANS_A_MAX)),
-                                                   b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))
-        if not AVX512:
-            blocks = ir.Constant(ir.IntType(1), 0)
-        blocks_bb, whole_bb = fn.append_basic_block("rows.blocks"), fn.append_basic_block("library.whole")
-        b.cbranch(blocks, blocks_bb, whole_bb)
-        b.position_at_end(blocks_bb)
-        i0, _, close_i0 = counted_loop(b, c64(0), b.add(M, c64(TRANS_A_MAX - 1)), TRANS_A_MAX, "rows.block")
-        left = b.sub(M, i0)
-        m = b.select(b.icmp_signed("<", left, c64(TRANS_A_MAX)), left, c64(TRANS_A_MAX))
-        b.call(fn, [order, ta, tb, m, N, K, alpha, b.gep(A, [i0]), lda, B, ldb, beta,
-                    b.gep(C, [b.mul(i0, ldc)]), ldc])
-        close_i0()
-        b.ret_void()
-        b.position_at_end(whole_bb)
+        # L2 across B's panels (AVX-512 only: with AVX2 such blocks ran 0.71-0.84x OpenBLAS
+        # on the Zen 3 host)
+        if AVX512:
+            blocks = b.and_(fits, b.and_(trans, b.and_(b.icmp_signed(">", M, c64(TRANS_A_MAX)),
+                                                       b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))
+            blocks_bb, whole_bb = fn.append_basic_block("rows.blocks"), fn.append_basic_block("library.whole")
+            b.cbranch(blocks, blocks_bb, whole_bb)
+            b.position_at_end(blocks_bb)
+            in_row_blocks(TRANS_A_MAX, c64(1))
+            b.position_at_end(whole_bb)
         b.call(library, fn.args)
         b.ret_void()
 
     b.position_at_end(tile_bb)
-    row_step = b.select(trans, c64(1), lda)  # A's element (i, k) is at i * row_step + k * k_step
     if ROW_BLOCK:
         blocks_bb, one_bb = fn.append_basic_block("rows.l2"), fn.append_basic_block("rows.one")
         b.cbranch(b.icmp_signed(">", M, c64(ROW_BLOCK)), blocks_bb, one_bb)
         b.position_at_end(blocks_bb)
-        i0, _, close_i0 = counted_loop(b, c64(0), b.add(M, c64(ROW_BLOCK - 1)), ROW_BLOCK, "rows.l2.block")
-        left = b.sub(M, i0)
-        m = b.select(b.icmp_signed("<", left, c64(ROW_BLOCK)), left, c64(ROW_BLOCK))
-        a_i0, c_i0 = b.gep(A, [b.mul(i0, row_step)]), b.gep(C, [b.mul(i0, ldc)])
-        if epilogue:
-            b.call(fn, [m, N, K, a_i0, lda, B, ldb, c_i0, ldc, bias, relu])
-        else:
-            b.call(fn, [order, ta, tb, m, N, K, alpha, a_i0, lda, B, ldb, beta, c_i0, ldc])
-        close_i0()
-        b.ret(c64(1)) if epilogue else b.ret_void()
+        in_row_blocks(ROW_BLOCK, row_step)
         b.position_at_end(one_bb)
     panel = b.alloca(ir.ArrayType(f32, K_BLOCK * NR))
     panel.align = 64
