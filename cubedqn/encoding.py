@@ -203,31 +203,40 @@ def choose_frame(states, rotations, identity_cmap, corner_facelets, corner_looku
         frame[i] = r0 * n_view + best_v
 
 
-@njit(cache=True, nogil=True)
+def corner_codes(c, corner_lookup):
+    """corner_code on arrays, in numpy: c (n, 3) the colours a corner slot shows at its three
+    facelets (as corner_code reads them), (n,) 3*cubie + twist."""
+    c0, c1, c2 = (c[:, k].astype(np.int64) for k in range(3))
+    first = (c0 == 0) | (c0 == 3)
+    second = ~first & ((c1 == 0) | (c1 == 3))
+    key = np.where(first, c0 * 36 + c1 * 6 + c2, np.where(second, c1 * 36 + c2 * 6 + c0, c2 * 36 + c0 * 6 + c1))
+    twist = np.where(first, 0, np.where(second, 1, 2))
+    cubie = corner_lookup[key]
+    return 3 * np.where(cubie >= 0, cubie, 0) + twist
+
+
 def corner_tables(view_perm, view_cmap, corner_facelets, corner_colours, corner_lookup, slot_of_facelet,
                   slot_map, code_map):
     """For every view v (view = cmap_v[x[perm_v]]): where each corner of x goes, and its code there.
 
     Each (slot j, cubie, twist) is placed alone into a blank sticker array: a view moves
-    the stickers of one corner together, so one corner is all it takes.
-    """
+    the stickers of one corner together, so one corner is all it takes. In numpy, over all
+    views at once (once per encoder; as a Numba kernel its compile was 1.5 s of a cold start)."""
     n_v, s = view_perm.shape
-    x = np.zeros(s, np.uint8)
-    inv = np.zeros(s, np.int64)
-    for v in range(n_v):
-        perm, cmap = view_perm[v], view_cmap[v]
-        for q in range(s):
-            inv[perm[q]] = q
-        for j in range(corner_facelets.shape[0]):
-            fj = corner_facelets[j]
-            j2 = slot_of_facelet[inv[fj[0]]]
-            slot_map[v, j] = j2
-            for cubie in range(corner_colours.shape[0]):
-                for t in range(3):
-                    x[fj[t]] = corner_colours[cubie, 0]
-                    x[fj[(t + 1) % 3]] = corner_colours[cubie, 1]
-                    x[fj[(t + 2) % 3]] = corner_colours[cubie, 2]
-                    code_map[v, j, 3 * cubie + t] = corner_code(x, perm, cmap, corner_facelets[j2], corner_lookup)
+    n_c = corner_colours.shape[0]
+    views = np.arange(n_v)[:, None]
+    inv = np.empty_like(view_perm)
+    inv[views, view_perm] = np.arange(s)
+    turns = (np.arange(3)[:, None] + np.arange(3)[None]) % 3  # twist t puts colour k at facelet (t + k) % 3
+    for j in range(corner_facelets.shape[0]):
+        fj = corner_facelets[j]
+        j2 = slot_of_facelet[inv[:, fj[0]]]
+        slot_map[:, j] = j2
+        seen = np.take_along_axis(view_perm, corner_facelets[j2], axis=1)  # (n_v, 3) what each view reads
+        x = np.zeros((n_c, 3, s), np.uint8)  # cube (cubie, t): that cubie alone in slot j, twisted t
+        x[:, np.arange(3)[:, None], fj[turns]] = corner_colours[:, None, :]
+        shown = view_cmap[views, x.reshape(3 * n_c, s)[:, seen]]  # (3 * n_c, n_v, 3)
+        code_map[:, j, :] = corner_codes(shown.reshape(-1, 3), corner_lookup).reshape(3 * n_c, n_v).T
 
 
 def coset_representatives(sym_perm, sym_cmap):
@@ -617,9 +626,7 @@ class Encoder:
 
     def _view_tables(self, perm, cmap, puzzle, slot_of):
         """(slot_map, code_map) of views (n, stickers) perm / (n, 6) cmap (see corner_tables);
-        all zero without symmetry, where choose_frame reads none. The C-ordered copies
-        matter: numba would compile corner_tables (and corner_code) a second time for the
-        read-only symmetry tables or a Fortran-ordered view table, seconds of a cold start."""
+        all zero without symmetry, where choose_frame reads none."""
         slot_map = np.zeros((len(perm), 8), np.int64)
         code_map = np.zeros((len(perm), 8, 24), np.int64)
         if self.symmetry > 1:

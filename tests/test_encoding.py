@@ -250,8 +250,34 @@ def test_frame_is_the_smallest_image_with_dbl_home_first_view_on_ties(symmetry):
             if key[6] == 18 and (best is None or key < best[0]):
                 best = (key, f)
         assert frame[i] == best[1] and tuple(codes[i]) == best[0]
-    from cubedqn.encoding import corner_tables
-    assert len(corner_tables.signatures) == 1  # one compile: each a few seconds of a cold start
+
+
+def test_corner_tables_match_a_corner_at_a_time(monkeypatch):
+    """encoding.corner_tables (numpy, all views at once) against the plain loop: each
+    (slot, cubie, twist) placed on a blank cube, read through each view by corner_code."""
+    from cubedqn import encoding
+    calls = []
+
+    def recording(*args):
+        encoding_tables(*args)
+        calls.append(args)
+
+    encoding_tables = encoding.corner_tables
+    monkeypatch.setattr(encoding, "corner_tables", recording)
+    Encoder(P2, 12, inputs="pairs", symmetry=48)
+    assert len(calls) == 2  # the views, and the symmetries that keep DBL home
+    code = encoding.corner_code.py_func
+    for perm, cmap, facelets, colours, lookup, slot_of, slot_map, code_map in calls:
+        for v in range(0, len(perm), 7):
+            inv = np.argsort(perm[v])
+            x = np.zeros(perm.shape[1], np.uint8)
+            for j, fj in enumerate(facelets):
+                j2 = slot_of[inv[fj[0]]]
+                assert slot_map[v, j] == j2
+                for cubie in range(len(colours)):
+                    for t in range(3):
+                        x[fj[t]], x[fj[(t + 1) % 3]], x[fj[(t + 2) % 3]] = colours[cubie]
+                        assert code_map[v, j, 3 * cubie + t] == code(x, perm[v], cmap[v], facelets[j2], lookup)
 
 
 def _scrambles(p, n, seed):
