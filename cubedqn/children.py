@@ -172,17 +172,26 @@ class ChildCodes:
         self.children = np.zeros((rows, n_rep, n_s), np.uint8)
         self.miss_codes = np.zeros((rows * n_rep, 8), np.int64)
         self.miss_frames = np.zeros(rows * n_rep, np.int64)
-        solved_code = np.zeros((1, 8), np.int64)
-        # a writable copy: the puzzle's read-only solved state gave the framing kernels a
-        # signature of their own (a second or more of a cold start)
-        encoder.frames(np.array(encoder.puzzle.solved[None], order="C"), np.zeros(1, np.int64), solved_code)
-        self.solved_code = solved_code[0].copy()
+        self._solved_code = None  # made at the first call (see solved_code)
         self.all_codes = None  # every_child's output, made on its first call
         self.lookups = self.hits = 0  # parents looked up, and found, so far
 
     @staticmethod
     def applies(encoder) -> bool:
         return bool(encoder.canonical and encoder.framed and encoder.inputs != "stickers")
+
+    @property
+    def solved_code(self):
+        """The solved cube's (8,) corner codes, made when first needed, not when the cache is
+        built: a cold start compiles the framing kernel then, in one process only (see
+        precompile.py)."""
+        if self._solved_code is None:
+            code = np.zeros((1, 8), np.int64)
+            # a writable copy: the puzzle's read-only solved state gave the framing kernels a
+            # signature of their own (a second or more of a cold start)
+            self.encoder.frames(np.array(self.encoder.puzzle.solved[None], order="C"), np.zeros(1, np.int64), code)
+            self._solved_code = code[0].copy()
+        return self._solved_code
 
     def compute(self, states, parent_codes, frame):
         """(codes (n*R, 8), solved (n*R,)) of the representative children of states (n, S),

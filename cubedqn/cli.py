@@ -195,7 +195,17 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     limit_threads(cfg.threads)
     click.echo("config: " + json.dumps({k: v for k, v in cfg.to_dict().items() if k != "description"}))
     click.echo(f"device: {dev}; run directory: {run_dir}")
-    trainer = make_trainer(cfg, dev, resume=run_dir if resume else None)
+    warm_up = cfg.minutes > 0 and dev == "cpu"  # compile first, so that the time budget is all training
+    ahead = None
+    if warm_up:
+        from . import precompile
+        ahead = precompile.start(cfg)  # None unless the cache is cold and there are two CPUs
+    try:
+        trainer = make_trainer(cfg, dev, resume=run_dir if resume else None)
+    except BaseException:
+        if ahead is not None:
+            ahead.stop()
+        raise
     if resume:
         click.echo(f"resuming {run_dir} at gradient step {trainer.grad_steps}")
         write_config(run_dir, cfg)  # the steps and minutes it now runs to
@@ -214,9 +224,17 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
                    f"{r['env_steps_per_s']:>8.0f} env steps/s | loss {r['loss']:.4f} | "
                    f"eps {r['epsilon']:.3f} | depth {r['depth']:>2d} | solve {solve}")
 
-    if cfg.minutes > 0 and dev == "cpu":  # compile first, so that the time budget is all training
-        click.echo("compiling the training kernels (Numba keeps them for later runs)...")
-        seconds = trainer.warm_up()
+    if warm_up:
+        click.echo("compiling the training kernels (Numba keeps them for later runs"
+                   + ("; a second process compiles the learner's)..." if ahead else ")..."))
+        try:
+            seconds = trainer.warm_up(ahead)
+        finally:
+            if ahead is not None:
+                ahead.stop()
+        if ahead is not None and ahead.failure:
+            click.echo(f"cubedqn: note: the second compiling process did not finish ({ahead.failure}); "
+                       "this one compiled the rest", err=True)
         if trainer.interrupted:
             click.echo("\ninterrupted while compiling the kernels; nothing was trained", err=True)
             sys.exit(130)

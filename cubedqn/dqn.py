@@ -69,6 +69,20 @@ def make_layout(cfg: Config, encoder: Encoder) -> Layout:
                   n_actions=METRICS[cfg.metric], dueling=cfg.dueling)
 
 
+def make_learner(cfg: Config, encoder: Encoder, layout: Layout, moves: np.ndarray, learner_class=Learner):
+    """The config's learner (online and target nets, optimizer, workspaces)."""
+    dtype = np.float32 if cfg.precision == "float32" else np.float64
+    return learner_class(
+        layout, moves, cfg.batch_size, encoder, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
+        optimizer=cfg.optimizer, seed=cfg.seed, dtype=dtype, sparse=cfg.sparse_input,
+        grad_accum=cfg.grad_accum, lomo=cfg.lomo, sparse_update=cfg.sparse_update,
+        target_cache=cfg.target_cache, child_cache=cfg.child_cache,
+        target_update_interval=cfg.target_update_interval,
+        tau=cfg.tau, lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm, clip=cfg.clip, schedule=cfg.lr_schedule,
+        lr_final=cfg.lr_final, total_steps=max(cfg.steps, 1))
+
+
 def eval_states(puzzle, n_actions, depth, n, seed):
     """A fixed evaluation batch at one scramble depth (independent of the training RNG).
 
@@ -107,20 +121,17 @@ class Trainer:
         dtype = np.float32 if cfg.precision == "float32" else np.float64
         self.rng = make_rng(cfg.seed)  # one stream for envs, exploration and replay
         n_step = 1 if cfg.targets == "all-actions" else cfg.n_step
-        self.learner = self.learner_class(
-            self.layout, self.moves, cfg.batch_size, self.encoder, targets=cfg.targets, gamma=cfg.gamma, loss=cfg.loss,
-            optimizer=cfg.optimizer, seed=cfg.seed, dtype=dtype, sparse=cfg.sparse_input,
-            grad_accum=cfg.grad_accum, lomo=cfg.lomo, sparse_update=cfg.sparse_update,
-            target_cache=cfg.target_cache, child_cache=cfg.child_cache,
-            target_update_interval=cfg.target_update_interval,
-            tau=cfg.tau, lr=cfg.learning_rate, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-            max_grad_norm=cfg.max_grad_norm, clip=cfg.clip, schedule=cfg.lr_schedule,
-            lr_final=cfg.lr_final, total_steps=max(cfg.steps, 1))
         self.replay = ReplayBuffer(cfg.buffer_size, self.puzzle.n_stickers, cfg.gamma,
                                    prioritized=cfg.prioritized_replay, alpha=cfg.prioritized_replay_alpha,
                                    eps=cfg.prioritized_replay_eps)
         self.batch = Batch(cfg.batch_size, self.puzzle.n_stickers, dtype)
         self.env = VecEnv(self.puzzle, cfg.n_envs, self.n_actions, cfg.max_episode_moves, cfg.gamma, n_step)
+        self.depth = cfg.curriculum_start if cfg.curriculum == "adaptive" else cfg.depth_max
+        self.depth = min(max(self.depth, cfg.depth_min), cfg.depth_max)
+        self.env.reset(np.ones(cfg.n_envs, np.bool_), *self.depth_range(), self.rng)
+        # the learner after the environments: on a cold start, their kernels compile here while
+        # a second process compiles the learner's (precompile.py), which this one then loads
+        self.learner = make_learner(cfg, self.encoder, self.layout, self.moves, self.learner_class)
         self.act_ws = self.learner.online.workspace(cfg.n_envs, self.encoder.input_groups)
         self.act_rot = np.zeros(cfg.n_envs, np.int64)
         self.greedy_rows = np.zeros(cfg.n_envs, np.int64)            # draw_explorers' outputs
@@ -132,15 +143,12 @@ class Trainer:
         self.grad_steps = self.env_steps = self.vec_steps = self.episodes = self.solved_episodes = 0
         self.states_scored = 0  # env states the acting forward scored (the greedy ones; profile reports it)
         self.pending = 0
-        self.depth = cfg.curriculum_start if cfg.curriculum == "adaptive" else cfg.depth_max
-        self.depth = min(max(self.depth, cfg.depth_min), cfg.depth_max)
         self.last_solve_rate = None
         self.saved_progress = 0.0  # progress reached by earlier runs that had a wall-clock budget
         self._budget = None        # (start time, seconds, progress at start) while run() has a deadline
         self._eval_cache = {}
         self._log_acc = [0.0, 0]
         self.interrupted = False
-        self.env.reset(np.ones(cfg.n_envs, np.bool_), *self.depth_range(), self.rng)
 
     # -- schedules -------------------------------------------------------------------------
     def depth_range(self):
@@ -170,8 +178,12 @@ class Trainer:
     def act_values(self, states):
         """The online network's Q-values of states (n <= n_envs of them), each state in its
         own frame ((n, A); the frames go to self.act_rot[:n])."""
-        self.encoder.encode(states, self.act_ws, 0, self.act_rot, want_codes=False)
+        self.encode_for_acting(states)
         return self.learner.online.forward_ws(self.act_ws, len(states))
+
+    def encode_for_acting(self, states):
+        """act_values' input rows of states (n <= n_envs), frames to self.act_rot[:n]."""
+        self.encoder.encode(states, self.act_ws, 0, self.act_rot, want_codes=False)
 
     def choose_actions(self, eps):
         """Epsilon-greedy actions of the environments into env.actions. Only the states that
@@ -226,15 +238,20 @@ class Trainer:
         self._log_acc[0] += loss
         self._log_acc[1] += 1
 
+    def eval_batch(self, depth):
+        """The curriculum's evaluation states at this scramble depth (drawn once)."""
+        if depth not in self._eval_cache:
+            c = self.cfg
+            self._eval_cache[depth] = eval_states(self.puzzle, self.n_actions, depth, c.curriculum_eval_n, c.seed)
+        return self._eval_cache[depth]
+
     def evaluate_curriculum(self):
         """Greedy solve rate on a fixed batch at the current max depth; raise depth on success."""
         t0 = time.perf_counter()
         c = self.cfg
         key = self.depth
-        if key not in self._eval_cache:
-            self._eval_cache[key] = eval_states(self.puzzle, self.n_actions, key, c.curriculum_eval_n, c.seed)
         # a greedy rollout may use twice the scramble depth (+2), whatever the episode length
-        solved, _, _ = greedy_solve(self.policy, self._eval_cache[key], self.moves, 2 * key + 2)
+        solved, _, _ = greedy_solve(self.policy, self.eval_batch(key), self.moves, 2 * key + 2)
         self.last_solve_rate = float(solved.mean())
         if c.curriculum == "adaptive" and self.last_solve_rate >= c.curriculum_threshold \
                 and self.depth < c.depth_max:
@@ -242,13 +259,22 @@ class Trainer:
         self.timer.add("eval", time.perf_counter() - t0)
 
     # -- the loop ----------------------------------------------------------------------------
-    def warm_up(self) -> float:
+    def warm_up(self, ahead=None) -> float:
         """Compile (or load from Numba's cache) the kernels the training loop calls, by running
         a small twin of this trainer for two gradient steps: the same config, so the same
         kernels and types, with a small replay buffer and evaluation batch and its own
         objects and random stream. Nothing of this trainer changes (tested). `train` calls it
         before a run with a time budget, so that the budget is all training: a cold first
         run of the one-minute preset otherwise spent about a third of its minute compiling.
+        The twin explores until its first gradient step and acts greedily for half its cubes
+        after it, so that the acting kernels compile too.
+
+        ahead: a second process compiling the learner's kernels (precompile.start) or None.
+        The twin then encodes its cubes as acting does, steps its environments until its
+        replay can serve a batch, draws its evaluation batch and runs its learner's backward
+        and update once (those kernels compile here meanwhile, to be loaded there), waits for
+        that process, and goes on, loading the forward's and the rest from the cache.
+
         Returns the seconds it took. A Ctrl-C during it sets `interrupted` (nothing trained);
         a twin whose two steps diverge is ignored (its kernels are compiled by then, and the
         run itself reports divergence at its own steps)."""
@@ -257,11 +283,28 @@ class Trainer:
         buffer = max(4 * c.batch_size, c.n_envs * c.n_step)
         twin = type(self)(c.replace(steps=2, minutes=0.0, learning_starts=c.batch_size, buffer_size=buffer,
                                     eval_interval=1, log_interval=1, curriculum_eval_n=min(c.curriculum_eval_n, 8),
-                                    checkpoint_interval=0, tune_blas_threads=False))
+                                    checkpoint_interval=0, tune_blas_threads=False, exploration_initial_eps=1.0,
+                                    exploration_final_eps=0.5, exploration_fraction=0.5))
         try:
+            if ahead is not None:
+                try:
+                    twin.encode_for_acting(twin.env.states)
+                    while twin.replay.size < max(twin.cfg.learning_starts, c.batch_size):
+                        twin.env_iteration()
+                    twin.replay.sample(twin.rng, twin.batch, twin.per_beta(0.0))
+                    twin.eval_batch(twin.depth)
+                    with matmul_precision_as(c.matmul_precision):
+                        twin.learner.compile_update()
+                    ahead.wait()
+                except KeyboardInterrupt:
+                    self.interrupted = True
+                    return time.perf_counter() - t0
             twin.run()
         except TrainingDiverged:
             pass
+        finally:
+            if ahead is not None:
+                ahead.stop()
         self.interrupted = twin.interrupted
         return time.perf_counter() - t0
 

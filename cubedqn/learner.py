@@ -402,7 +402,6 @@ class Learner:
         m = self.micro
         weights = batch.weights if use_weights else self.ones
         scale = 1.0 / self.batch_size
-        on, ws = self.online, self.ws
         for k in range(self.grad_accum):
             sl = slice(k * m, (k + 1) * m)
             laps = Laps(parts["forward"], t)
@@ -419,26 +418,15 @@ class Learner:
                 break
             laps = Laps(parts["backward"], t1)
             first = k == 0 or self.sparse_update
-            gW, gb = (self.gWs, self.gbs) if first else (self.tWs, self.tbs)
-            mlp_backward_upper(on.Ws, ws.acts, ws.deltas, gW, gb, m)
-            laps.lap("GEMM layers")
-            if self.sparse_update:
-                self.n_touched = sparse_backward_compact(ws.idx[:m], ws.deltas[0][:m], self.grad_rows, gb[0],
-                                                         self.row_mark, self.row_slot, self.touched)
-            else:
-                mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m, ws.panel)
-            laps.lap("first layer")
+            self._backward(m, first, laps)
             if not first:
                 add_into(self.grads, self.grads_tmp)
                 laps.lap("accumulate")
             t = laps.last
             if timer:
                 timer.add("backward", t - t1)
-        if self.sparse_update:
-            self.opt.step_rows(self.online.params, self.grad_rows.reshape(-1), self.touched, self.n_touched,
-                               self.layout.widths[1], self.grads)
-        elif not self.lomo:
-            self.opt.step(self.online.params, self.grads)
+        if not self.lomo:
+            self._update()
         self.updates += 1
         t2 = clock_()
         if timer:
@@ -446,6 +434,41 @@ class Learner:
         self.maybe_update_target(timer, t2)
         self.last_loss = loss
         return loss
+
+    def _backward(self, m, first, laps):
+        """Gradients of the first m rows' loss (the deltas the forward left in the workspace)
+        into the gradient buffers (first: the step's own; else the accumulation's)."""
+        on, ws = self.online, self.ws
+        gW, gb = (self.gWs, self.gbs) if first else (self.tWs, self.tbs)
+        mlp_backward_upper(on.Ws, ws.acts, ws.deltas, gW, gb, m)
+        laps.lap("GEMM layers")
+        if self.sparse_update:
+            self.n_touched = sparse_backward_compact(ws.idx[:m], ws.deltas[0][:m], self.grad_rows, gb[0],
+                                                     self.row_mark, self.row_slot, self.touched)
+        else:
+            mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m, ws.panel)
+        laps.lap("first layer")
+
+    def _update(self):
+        """The optimizer's update of the online net from the gradient buffers."""
+        if self.sparse_update:
+            self.opt.step_rows(self.online.params, self.grad_rows.reshape(-1), self.touched, self.n_touched,
+                               self.layout.widths[1], self.grads)
+        else:
+            self.opt.step(self.online.params, self.grads)
+
+    def compile_update(self):
+        """Run the backward and the update once on the workspace as it stands, without a
+        forward, so that their kernels compile (or load from Numba's cache) on their own:
+        a cold start's warm-up does this while a second process compiles the forward
+        (precompile.py). The parameters and optimizer state change by an update from
+        whatever the workspace holds: for a throwaway learner (the warm-up's twin)."""
+        laps = Laps(dict.fromkeys(PhaseTimer.PARTS["backward"], 0.0), time.perf_counter())
+        if self.lomo:
+            self._lomo_backward_update(self.micro)
+            return
+        self._backward(self.micro, True, laps)
+        self._update()
 
     def _train_step_fused(self, batch, timer, use_weights):
         """train_step as one kernel call (fused_sampled_step); the timer gets the parts the

@@ -463,10 +463,11 @@ class Optimizer:
         f = self.dtype.type
         self._fixed = (KIND_CODES[kind], CLIP_CODES[clip], float(max_grad_norm), f(momentum), f(betas[0]),
                        f(betas[1]), f(eps), f(weight_decay))
-        # update_flat's context (its function slot set once; float64 buffers update in place)
+        # update_flat's context (its function slot set once, at the first step: a cold start
+        # then compiles the update where it runs, see precompile.py; float64 buffers update
+        # in place)
         self.ctx = aligned_zeros(CTX_LEN, np.int64)
-        if self.dtype == np.float32:
-            self.ctx[CTX_FN] = update_chunk_address(kind)
+        self._ctx_fn_set = self.dtype != np.float32
 
     # -- one fused step over the whole buffer -------------------------------------------
     def step(self, params: np.ndarray, grads: np.ndarray) -> float:
@@ -511,6 +512,9 @@ class Optimizer:
         return float(clip_factor(norm, float(self.max_grad_norm))) if self.clip == "global" else 1.0
 
     def begin_step(self):
+        if not self._ctx_fn_set:
+            self.ctx[CTX_FN] = update_chunk_address(self.kind)
+            self._ctx_fn_set = True
         self.lr = schedule_lr(self.schedule, self.lr0, self.lr_final, self.t, self.total_steps, self.progress)
         self.t += 1
 

@@ -7,7 +7,10 @@ and to the moment the command prints "kernels ready" (its warm-up done: training
 there). The warm run must compile nothing: with
 NUMBA_DEBUG_CACHE=1 numba reports every cache save, and a warm run should report none.
 
-  python scripts/bench_startup.py [--repeats 3]
+  python scripts/bench_startup.py [--repeats 3] [--compare-ahead]
+
+A cold run on two or more CPUs has a second process compile the learner's kernels
+(cubedqn/precompile.py); --compare-ahead adds cold runs with that off, alternating.
 
 With --against DIR (another checkout of cubedqn, e.g. `git worktree add /tmp/old REV`),
 it instead times warm whole commands of that tree and of this one alternating, round by
@@ -35,8 +38,8 @@ WARM_COMMANDS = {
 }
 
 
-def run_once(cache_dir, out_dir):
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, NUMBA_DEBUG_CACHE="1")
+def run_once(cache_dir, out_dir, ahead=True):
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, NUMBA_DEBUG_CACHE="1", CUBEDQN_COMPILE_AHEAD=str(int(ahead)))
     # the issue's command as a user types it: the preset's one-minute budget stays, so train
     # warms the kernels up first (Trainer.warm_up) and the time includes that
     cmd = [sys.executable, "-m", "cubedqn.cli", *WARM_COMMANDS["train --profile cube2-quick --steps 10"], out_dir]
@@ -54,19 +57,29 @@ def run_once(cache_dir, out_dir):
     return wall, begins, out.count("data saved to"), out.count("data loaded from")
 
 
-def cold_and_warm(repeats, tmp):
-    cold, warm = [], []
+def cold_and_warm(repeats, tmp, compare_ahead=False):
+    """repeats cold runs (each a fresh cache) and a warm run after each; with compare_ahead
+    also a cold run with CUBEDQN_COMPILE_AHEAD=0 (the second process off), alternating."""
+    rows = {"cold cache": [], "warm cache": []}
+    if compare_ahead:
+        rows["cold cache, CUBEDQN_COMPILE_AHEAD=0"] = []
     for k in range(repeats):
         cache = os.path.join(tmp, f"cache{k}")
-        cold.append(run_once(cache, os.path.join(tmp, f"cold{k}")))
-        warm.append(run_once(cache, os.path.join(tmp, f"warm{k}")))
-    for name, rows in (("cold cache", cold), ("warm cache", warm)):
-        walls = sorted(w for w, _, _, _ in rows)
-        begins = sorted(b for _, b, _, _ in rows if b is not None)
+        if compare_ahead and k % 2:
+            rows["cold cache, CUBEDQN_COMPILE_AHEAD=0"].append(
+                run_once(os.path.join(tmp, f"cache-off{k}"), os.path.join(tmp, f"cold-off{k}"), ahead=False))
+        rows["cold cache"].append(run_once(cache, os.path.join(tmp, f"cold{k}")))
+        rows["warm cache"].append(run_once(cache, os.path.join(tmp, f"warm{k}")))
+        if compare_ahead and not k % 2:
+            rows["cold cache, CUBEDQN_COMPILE_AHEAD=0"].append(
+                run_once(os.path.join(tmp, f"cache-off{k}"), os.path.join(tmp, f"cold-off{k}"), ahead=False))
+    for name, runs in rows.items():
+        walls = sorted(w for w, _, _, _ in runs)
+        begins = sorted(b for _, b, _, _ in runs if b is not None)
         begin = (f"training began (\"kernels ready\") at median {begins[len(begins) // 2]:.2f} s "
                  f"(runs: {', '.join(f'{b:.2f}' for b in begins)}); ") if begins else ""
         print(f"{name}: median {walls[len(walls) // 2]:.2f} s (runs: {', '.join(f'{w:.2f}' for w in walls)}); "
-              f"{begin}cache saves {rows[0][2]}, cache loads {rows[0][3]}")
+              f"{begin}this process's cache saves {runs[0][2]}, cache loads {runs[0][3]}")
 
 
 def against(other, rounds, tmp):
@@ -112,13 +125,15 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--against", metavar="DIR", help="another checkout: time warm commands of both, alternating")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--compare-ahead", action="store_true",
+                    help="also cold runs with CUBEDQN_COMPILE_AHEAD=0 (no second compiling process), alternating")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cubedqn-startup-")
     try:
         if args.against:
             against(args.against, args.rounds, tmp)
         else:
-            cold_and_warm(args.repeats, tmp)
+            cold_and_warm(args.repeats, tmp, args.compare_ahead)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -137,7 +137,7 @@ def test_a_timed_run_compiles_before_its_budget_starts(tmp_path):
 def test_ctrl_c_while_compiling_trains_nothing(tmp_path, monkeypatch):
     from cubedqn.dqn import Trainer
 
-    def interrupted(self):
+    def interrupted(self, ahead=None):
         self.interrupted = True
         return 1.0
     monkeypatch.setattr(Trainer, "warm_up", interrupted)

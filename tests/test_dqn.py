@@ -452,17 +452,46 @@ def test_resume_is_exact(tmp_path, kw):
     assert np.array_equal(resumed.rng, straight.rng)
 
 
+class AheadStandIn:
+    """What warm_up asks of precompile.AheadCompile, recorded."""
+
+    def __init__(self):
+        self.waited = self.stopped = False
+
+    def wait(self):
+        self.waited = True
+        return True
+
+    def stop(self):
+        self.stopped = True
+
+
+@pytest.mark.parametrize("ahead", [False, True])
 @pytest.mark.parametrize("kw", [dict(), dict(prioritized_replay=True, n_step=3, optimizer="momentum"),
                                 dict(targets="all-actions", input_encoding="pairs", input_symmetry=48,
                                      sparse_update=True, curriculum="adaptive")])
-def test_warm_up_leaves_the_trainer_as_it_was(kw):
+def test_warm_up_leaves_the_trainer_as_it_was(kw, ahead, monkeypatch):
     """warm_up runs a twin (which compiles the kernels): the trainer's own run afterwards is
-    the same as without it, bit for bit, and the twin's steps are not counted."""
+    the same as without it, bit for bit, and the twin's steps are not counted. With a
+    second process compiling ahead (a stand-in here), the twin waits for it before its
+    first gradient step, and stops it at the end."""
+    import cubedqn.dqn as dqn
     cfg = tiny_cfg(**kw)
     plain = Trainer(cfg).run()
     warmed = Trainer(cfg)
     rng_before = warmed.rng.copy()
-    assert warmed.warm_up() > 0
+    stand_in = AheadStandIn() if ahead else None
+    waited_at_steps = []
+    gradient_step = dqn.Trainer.gradient_step
+
+    def recording(self):
+        waited_at_steps.append(stand_in.waited)
+        gradient_step(self)
+    monkeypatch.setattr(dqn.Trainer, "gradient_step", recording if ahead else gradient_step)
+    assert warmed.warm_up(stand_in) > 0
+    monkeypatch.undo()
+    if ahead:
+        assert waited_at_steps == [True, True] and stand_in.stopped
     assert warmed.grad_steps == warmed.env_steps == 0 and np.array_equal(warmed.rng, rng_before)
     warmed.run()
     assert warmed.grad_steps == plain.grad_steps == 40

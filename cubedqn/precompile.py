@@ -1,0 +1,167 @@
+"""Cold start on two cores: a second process compiles the learner's kernels ahead.
+
+A first run on a machine compiles about ninety Numba kernels, one after another on one
+core, before it can train (`scripts/compile_times.py`). Numba compiles under a process-wide
+lock, so threads cannot share the work, but processes can: they share Numba's on-disk
+cache. While `cubedqn train` builds its trainer and steps its environments (the encoder's,
+environment's and replay's kernels), `start` runs `python -m cubedqn.precompile CONFIG` beside
+it, which builds the same learner and runs two of its gradient steps and a greedy search on
+a made-up batch: the forward, loss, backward and optimizer kernels, the children and target
+caches, the search. The trainer's warm-up (`Trainer.warm_up`) waits for that process before
+its own first gradient step, which then loads those kernels from the cache instead of
+compiling them.
+
+What it is not: a way to make anything faster once the cache is warm (then `start` starts
+nothing), or a requirement. The second process only ever writes Numba's cache, through
+Numba, whose cache files are written to a temporary name and renamed; if it fails or is
+stopped, the trainer compiles what is missing itself. The same kernels, the same bits.
+
+`CUBEDQN_COMPILE_AHEAD=0` turns it off (as does a machine that gives this process one CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+
+WAIT_SECONDS = 300.0  # the most the trainer waits for it (a cold compile of everything takes 15-35 s)
+
+
+def enabled() -> bool:
+    """A second process may compile ahead: not switched off, and two CPUs to run on."""
+    if os.environ.get("CUBEDQN_COMPILE_AHEAD", "1") == "0":
+        return False
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return cpus >= 2
+
+
+def learner_cached() -> bool:
+    """Whether Numba's cache already holds the learner's backward kernel for some signature
+    (a warm cache: then nothing is worth starting). Reads the kernel's cache index, which
+    Numba returns empty when it is missing or older than the source; anything unexpected
+    (caching off, another Numba) counts as cached, so that nothing is started."""
+    from .nn import mlp_backward_upper
+    try:
+        return bool(mlp_backward_upper._cache._cache_file._load_index())
+    except Exception:
+        return True
+
+
+class AheadCompile:
+    """The second process, started by `start`. `wait` until it is done; `stop` ends it;
+    `failure` says, after a wait, why it did not finish its work (None if it did)."""
+
+    def __init__(self, process: subprocess.Popen, errors):
+        self.process, self.errors = process, errors
+        self.failure = None
+
+    def wait(self, timeout: float = WAIT_SECONDS) -> bool:
+        """Wait for the process (at most timeout seconds, then stop it). Returns whether it
+        finished its work."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            self.failure = f"it was stopped after {timeout:.0f} s"
+            return False
+        if code != 0:
+            self.errors.seek(0)
+            lines = self.errors.read().decode(errors="replace").strip().splitlines()
+            self.failure = f"it exited with status {code}" + (f": {lines[-1]}" if lines else "")
+        return code == 0
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.errors.close()
+
+
+def start(cfg) -> AheadCompile | None:
+    """Start compiling cfg's learner kernels in a second process, where that helps (enabled,
+    cold cache); else None."""
+    if not enabled() or learner_cached():
+        return None
+    env = dict(os.environ)
+    # the child imports this copy of cubedqn, whatever its sys.path would find first
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    errors = tempfile.TemporaryFile()  # its stderr, for `failure` (a file: a pipe could fill and block it)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cubedqn.precompile", json.dumps(cfg.to_dict()), str(os.getpid())],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, env=env)
+    return AheadCompile(process, errors)
+
+
+def compile_learner(cfg):
+    """Run what compiles cfg's learner kernels: build the learner as the trainer does, a
+    greedy search of a few scrambled cubes and two gradient steps on a batch of them.
+    Returns the learner."""
+    from .blas import matmul_precision_as
+    from .cube import METRICS, get_puzzle
+    from .dqn import make_encoder, make_layout, make_learner
+    from .encoding import Policy
+    from .learner import PhaseTimer
+    from .replay import Batch
+    from .search import greedy_solve
+
+    puzzle, n_actions = get_puzzle(cfg.puzzle), METRICS[cfg.metric]
+    moves = np.ascontiguousarray(puzzle.moves[:n_actions])
+    encoder = make_encoder(cfg)
+    learner = make_learner(cfg, encoder, make_layout(cfg, encoder), moves)
+    batch = Batch(cfg.batch_size, puzzle.n_stickers, learner.dtype)
+    # cubes three random moves from solved, made in numpy: the scrambling kernels are the
+    # trainer's to compile (for its evaluation batch) while this process does the forward
+    draws = np.random.default_rng(cfg.seed).integers(n_actions, size=(3, cfg.batch_size))
+    states = np.repeat(puzzle.solved[None], cfg.batch_size, axis=0)
+    for actions in draws:
+        states = np.ascontiguousarray(np.take_along_axis(states, moves[actions], axis=1))
+    batch.states[:] = states
+    batch.next_states[:] = states
+    batch.nsteps[:] = 1
+    batch.rewards[:] = -1.0
+    batch.discounts[:] = cfg.gamma
+    batch.indices[:] = np.arange(cfg.batch_size)
+    with matmul_precision_as(cfg.matmul_precision):
+        # the forward first (on the workspace as it is: no encoding, whose kernels the
+        # trainer's warm-up compiles meanwhile), then the search; the backward and the update
+        # come last, as the warm-up compiles them too (Learner.compile_update) to load here
+        learner.online.forward_ws(learner.ws, learner.micro)
+        greedy_solve(Policy(learner.online, encoder), states[:8], moves, 8)
+        for _ in range(2):
+            learner.train_step(batch, PhaseTimer(), use_weights=cfg.prioritized_replay)
+    return learner
+
+
+def _exit_with(parent_pid: int):
+    """End this process when the one that started it is gone (a killed `train`)."""
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(argv=None):
+    from .config import Config
+    from .threads import limit_threads
+    config_json, parent_pid = (sys.argv[1:] if argv is None else argv)[:2]
+    _exit_with(int(parent_pid))
+    cfg = Config.from_dict(json.loads(config_json))
+    limit_threads(cfg.threads)
+    compile_learner(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""precompile.py: the second process that compiles the learner's kernels on a cold start."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cubedqn import precompile
+from cubedqn.config import Config
+
+
+def tiny(**kw):
+    base = dict(hidden=(32,), n_envs=16, batch_size=16, learning_starts=64, buffer_size=2000, steps=4,
+                depth_max=3, curriculum_eval_n=16, seed=5)
+    base.update(kw)
+    return Config(**base)
+
+
+def test_switched_off_or_warm_starts_nothing(monkeypatch):
+    monkeypatch.setenv("CUBEDQN_COMPILE_AHEAD", "0")
+    assert not precompile.enabled() and precompile.start(tiny()) is None
+    monkeypatch.setenv("CUBEDQN_COMPILE_AHEAD", "1")
+    monkeypatch.setattr(precompile, "learner_cached", lambda: True)
+    assert precompile.start(tiny()) is None
+
+
+def test_the_learner_counts_as_cached_once_compiled():
+    """learner_cached reads the backward kernel's cache index: this session has run it."""
+    from cubedqn.dqn import Trainer
+    Trainer(tiny(steps=1)).run()
+    assert precompile.learner_cached()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(targets="dqn", dueling=True), dict(
+    targets="all-actions", input_encoding="pairs", input_symmetry=48, sparse_update=True),
+    dict(lomo=True, optimizer="sgd"), dict(grad_accum=2, prioritized_replay=True, optimizer="momentum"),
+    dict(precision="float64", puzzle="cube3", hidden=(16, 16))])
+def test_compile_learner_runs_the_configs_learner(kw):
+    """What the second process runs, in this one: the config's learner, a greedy search and
+    two gradient steps on made-up cubes, whatever the targets, inputs and optimizer."""
+    learner = precompile.compile_learner(tiny(**kw))
+    assert learner.updates == 2 and np.all(np.isfinite(learner.online.params))
+
+
+def test_the_second_process_runs_and_reports_failure(monkeypatch):
+    monkeypatch.setattr(precompile, "enabled", lambda: True)
+    monkeypatch.setattr(precompile, "learner_cached", lambda: False)
+    ahead = precompile.start(tiny())
+    assert ahead is not None and ahead.wait(timeout=300) and ahead.failure is None
+    ahead.stop()
+
+    class Broken(Config):
+        def to_dict(self):
+            return dict(super().to_dict(), no_such_setting=1)
+    ahead = precompile.start(Broken(**vars(tiny())))
+    assert not ahead.wait(timeout=300)
+    assert ahead.failure.startswith("it exited with status 1") and "no_such_setting" in ahead.failure
+    ahead.stop()
+
+
+@pytest.mark.skipif(not precompile.enabled(), reason="needs two CPUs (and CUBEDQN_COMPILE_AHEAD not 0)")
+def test_a_cold_start_compiles_ahead_and_leaves_nothing_to_compile(tmp_path):
+    """A first `train` on a fresh Numba cache starts the second process; the next run loads
+    every kernel (NUMBA_DEBUG_CACHE reports no save), starts none, and trains the same bits."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), CUBEDQN_COMPILE_AHEAD="1")
+    args = [sys.executable, "-m", "cubedqn.cli", "train", "--profile", "cube2-quick", "--steps", "3", "--out"]
+    cold = subprocess.run(args + [str(tmp_path / "cold")], env=env, capture_output=True, text=True, timeout=900)
+    assert cold.returncode == 0, cold.stderr[-2000:]
+    assert "a second process compiles the learner's" in cold.stdout and "did not finish" not in cold.stderr
+    warm = subprocess.run(args + [str(tmp_path / "warm")], env=dict(env, NUMBA_DEBUG_CACHE="1"),
+                          capture_output=True, text=True, timeout=900)
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    assert "second process" not in warm.stdout
+    assert "data saved to" not in warm.stdout + warm.stderr
+    a, b = (np.load(tmp_path / run / "model.npz") for run in ("cold", "warm"))
+    assert np.array_equal(a["params"], b["params"])
