@@ -250,7 +250,17 @@ def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
     dtype = np.float32 if cfg.precision == "float32" else np.float64
     peak_before = peak_gflops(dtype)
     ceiling_before = _ceiling_or_none(dtype, device)
-    trainer = make_trainer(cfg, device)
+    from . import precompile
+    ahead = precompile.start(cfg) if device == "cpu" else None  # None unless the cache is cold (two CPUs)
+    try:
+        trainer = make_trainer(cfg, device)
+        if ahead is not None:  # compile on two cores before the warm-up steps (precompile.py)
+            trainer.warm_up(ahead)
+            if trainer.interrupted:
+                raise KeyboardInterrupt
+    finally:
+        if ahead is not None:
+            ahead.stop()
     if device == "cuda":  # wait for the GPU at each phase's end, so each phase shows its own time
         trainer.learner.sync_phases = True
     trainer.run(max_steps=warmup)
