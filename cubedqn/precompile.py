@@ -13,8 +13,9 @@ compiling them.
 
 What it is not: a way to make anything faster once the cache is warm (then `start` starts
 nothing), or a requirement. The second process only ever writes Numba's cache, through
-Numba, whose cache files are written to a temporary name and renamed; if it fails or is
-stopped, the trainer compiles what is missing itself. The same kernels, the same bits.
+Numba, whose cache files are written to a temporary name and renamed, each save under a
+lock both processes take (lock_cache_saves); if it fails or is stopped, the trainer
+compiles what is missing itself. The same kernels, the same bits.
 
 `CUBEDQN_COMPILE_AHEAD=0` turns it off (as does a machine that gives this process one CPU).
 """
@@ -36,8 +37,16 @@ WAIT_SECONDS = 300.0  # the most the trainer waits for it (a cold compile of eve
 
 
 def enabled() -> bool:
-    """A second process may compile ahead: not switched off, and two CPUs to run on."""
+    """A second process may compile ahead: not switched off, two CPUs to run on, and a way
+    to lock Numba's cache saves (lock_cache_saves)."""
     if os.environ.get("CUBEDQN_COMPILE_AHEAD", "1") == "0":
+        return False
+    try:
+        import fcntl
+        from numba.core.caching import IndexDataCacheFile
+    except ImportError:  # not POSIX, or another Numba
+        return False
+    if not (hasattr(fcntl, "flock") and hasattr(IndexDataCacheFile, "save") and hasattr(IndexDataCacheFile, "flush")):
         return False
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -56,6 +65,36 @@ def learner_cached() -> bool:
         return bool(mlp_backward_upper._cache._cache_file._load_index())
     except Exception:
         return True
+
+
+LOCK_NAME = "cubedqn-cache.lock"
+
+
+def lock_cache_saves():
+    """Make each of Numba's cache saves in this process hold an exclusive lock on a file in
+    the cache's folder (LOCK_NAME), as the other process's do. A save reads a function's
+    index, adds its signature and names a new data file after the ones the index lists;
+    two processes saving two signatures of one function at once (a kernel both call, each
+    with its own argument types) would otherwise both name the same data file, and the
+    index could end up pointing one signature at the other's machine code. Idempotent."""
+    import fcntl
+    from numba.core.caching import IndexDataCacheFile
+    if getattr(IndexDataCacheFile.save, "locked", False):
+        return
+
+    def under_lock(method):
+        def locked(self, *args):
+            folder = getattr(self, "_cache_path", None)
+            if folder is None:  # not the IndexDataCacheFile this was written against
+                return method(self, *args)
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, LOCK_NAME), "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+                return method(self, *args)
+        locked.locked = True
+        return locked
+    IndexDataCacheFile.save = under_lock(IndexDataCacheFile.save)
+    IndexDataCacheFile.flush = under_lock(IndexDataCacheFile.flush)
 
 
 class AheadCompile:
@@ -93,6 +132,7 @@ def start(cfg) -> AheadCompile | None:
     cold cache); else None."""
     if not enabled() or learner_cached():
         return None
+    lock_cache_saves()
     env = dict(os.environ)
     # the child imports this copy of cubedqn, whatever its sys.path would find first
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -158,6 +198,7 @@ def main(argv=None):
     from .threads import limit_threads
     config_json, parent_pid = (sys.argv[1:] if argv is None else argv)[:2]
     _exit_with(int(parent_pid))
+    lock_cache_saves()
     cfg = Config.from_dict(json.loads(config_json))
     limit_threads(cfg.threads)
     compile_learner(cfg)

@@ -97,3 +97,34 @@ def test_profile_warms_up_with_the_second_process(monkeypatch):
     monkeypatch.setattr(precompile, "start", lambda cfg: stand_in)
     report = profile_training(tiny(), steps=3, warmup=2)
     assert stand_in.waited and stand_in.stopped and report["train_step_ms"] > 0
+
+
+def test_cache_saves_hold_the_lock_and_name_their_own_data_files(tmp_path):
+    """lock_cache_saves: a save waits while another holder has the cache folder's lock (the
+    other process), and two signatures of one function get two data files, each loading its
+    own data."""
+    import fcntl
+    import threading
+    import time
+    from numba.core.caching import IndexDataCacheFile
+    precompile.lock_cache_saves()
+    precompile.lock_cache_saves()  # idempotent: one lock, not two nested
+    assert IndexDataCacheFile.save.locked and IndexDataCacheFile.flush.locked
+    index = IndexDataCacheFile(str(tmp_path), "kernel-1.py311", ("stamp", 1))
+    held = threading.Event()
+
+    def hold():
+        with open(tmp_path / precompile.LOCK_NAME, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            held.set()
+            time.sleep(0.5)
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    t = time.perf_counter()
+    index.save("signature a", b"machine code a")
+    assert time.perf_counter() - t >= 0.4
+    holder.join()
+    index.save("signature b", b"machine code b")
+    assert index.load("signature a") == b"machine code a" and index.load("signature b") == b"machine code b"
+    assert len(list(tmp_path.glob("kernel-1.py311.*.nbc"))) == 2
