@@ -3,13 +3,14 @@
 A first run on a machine compiles about ninety Numba kernels, one after another on one
 core, before it can train (`scripts/compile_times.py`). Numba compiles under a process-wide
 lock, so threads cannot share the work, but processes can: they share Numba's on-disk
-cache. While `cubedqn train` builds its trainer and steps its environments (the encoder's,
-environment's and replay's kernels), `start` runs `python -m cubedqn.precompile CONFIG` beside
-it, which builds the same learner and runs two of its gradient steps and a greedy search on
-a made-up batch: the forward, loss, backward and optimizer kernels, the children and target
-caches, the search. The trainer's warm-up (`Trainer.warm_up`) waits for that process before
-its own first gradient step, which then loads those kernels from the cache instead of
-compiling them.
+cache. `start` runs `python -m cubedqn.precompile CONFIG` beside `cubedqn train` (or
+`profile`), which builds the same learner and runs its forward, a greedy search and two of
+its gradient steps on made-up cubes (`compile_learner`): the forward's, the search's, the
+children and target caches' and the loss's kernels. Meanwhile the trainer builds itself,
+and its warm-up (`Trainer.warm_up`) encodes and steps its environments, samples its replay,
+draws its evaluation batch and runs its learner's backward and update once
+(`Learner.compile_update`), which that process, coming to them last, then loads. The
+warm-up waits for that process before its first gradient step, which loads the rest.
 
 What it is not: a way to make anything faster once the cache is warm (then `start` starts
 nothing), or a requirement. The second process only ever writes Numba's cache, through
