@@ -195,11 +195,13 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     limit_threads(cfg.threads)
     click.echo("config: " + json.dumps({k: v for k, v in cfg.to_dict().items() if k != "description"}))
     click.echo(f"device: {dev}; run directory: {run_dir}")
-    warm_up = cfg.minutes > 0 and dev == "cpu"  # compile first, so that the time budget is all training
     ahead = None
-    if warm_up:
+    if dev == "cpu":
         from . import precompile
         ahead = precompile.start(cfg)  # None unless the cache is cold and there are two CPUs
+    # compile first, so that a time budget is all training; on a cold cache with a second
+    # process compiling, a run bounded by steps alone warms up too (it then compiles sooner)
+    warm_up = dev == "cpu" and (cfg.minutes > 0 or ahead is not None)
     try:
         trainer = make_trainer(cfg, dev, resume=run_dir if resume else None)
     except BaseException:

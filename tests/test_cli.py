@@ -122,16 +122,38 @@ def test_device_cuda_with_a_numba_cuda_that_cannot_compile_is_a_reason(monkeypat
         cu.gpu_status.cache_clear()
 
 
-def test_a_timed_run_compiles_before_its_budget_starts(tmp_path):
+def test_a_timed_run_compiles_before_its_budget_starts(tmp_path, monkeypatch):
     """With a time budget, train first warms the kernels up (a twin trainer), then trains;
-    a run bounded by steps alone does not."""
+    a run bounded by steps alone does not, unless a second process compiles ahead (a cold
+    cache; a stand-in here), when it warms up with it."""
+    from cubedqn import precompile
+    monkeypatch.setenv("CUBEDQN_COMPILE_AHEAD", "0")  # whatever this session's cache holds
     common = ["--puzzle", "cube2", "--hidden", "16", "--batch-size", "16", "--learning-starts", "32",
               "--n-envs", "8"]
     out = run(["train", *common, "--steps", "3", "--minutes", "5", "--out", str(tmp_path / "timed")]).output
-    assert "compiling the training kernels" in out and "kernels ready in" in out
+    assert "compiling the training kernels (Numba keeps them for later runs)..." in out and "kernels ready in" in out
     assert "trained 3 gradient steps" in out
     out = run(["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "steps")]).output
     assert "kernels ready" not in out and "trained 3 gradient steps" in out
+
+    class StandIn:
+        failure = None
+        waited = stopped = False
+
+        def wait(self):
+            self.waited = True
+            return True
+
+        def stop(self):
+            self.stopped = True
+    stand_in = StandIn()
+    monkeypatch.setattr(precompile, "start", lambda cfg: stand_in)
+    out = run(["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "ahead")]).output
+    assert "a second process compiles the learner's" in out and "kernels ready in" in out
+    assert "trained 3 gradient steps" in out and stand_in.waited and stand_in.stopped
+    stand_in.failure = "it exited with status 1: boom"
+    r = CliRunner().invoke(main, ["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "f")])
+    assert r.exit_code == 0 and "the second compiling process did not finish (it exited with status 1: boom)" in r.output
 
 
 def test_ctrl_c_while_compiling_trains_nothing(tmp_path, monkeypatch):
