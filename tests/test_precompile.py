@@ -26,8 +26,13 @@ def test_switched_off_or_warm_starts_nothing(monkeypatch):
     assert precompile.start(tiny()) is None
 
 
-def test_the_learner_counts_as_cached_once_compiled():
-    """learner_cached reads the backward kernel's cache index: this session has run it."""
+def test_the_learner_counts_as_cached_once_compiled(tmp_path):
+    """learner_cached reads the backward kernel's cache index: not there in a fresh cache
+    folder (another process), there once this session has run a learner."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    fresh = subprocess.run([sys.executable, "-c", "from cubedqn import precompile; print(precompile.learner_cached())"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert fresh.returncode == 0 and fresh.stdout.strip() == "False", fresh.stderr[-2000:]
     from cubedqn.dqn import Trainer
     Trainer(tiny(steps=1)).run()
     assert precompile.learner_cached()
