@@ -39,7 +39,7 @@ for t in 1 2; do
   run $PY -m cubedqn.cli train --profile cube2 --minutes 1 --threads $t --out "$out/train-cube2-t$t" > "$out/train-cube2-t$t.txt"
   grep -E "^trained|^thread tuning" "$out/train-cube2-t$t.txt"
 done
-run $PY scripts/bench_startup.py --repeats 2 | tee "$out/startup.txt"
+run $PY scripts/bench_startup.py --repeats 2 --compare-ahead | tee "$out/startup.txt"
 if [ -n "${CHECKPOINT:-}" ]; then
   # solving 1000 cubes with one and with two threads, alternating, twice
   for r in 1 2; do
