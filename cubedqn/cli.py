@@ -229,11 +229,7 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     if warm_up:
         click.echo("compiling the training kernels (Numba keeps them for later runs"
                    + ("; a second process compiles the learner's)..." if ahead else ")..."))
-        try:
-            seconds = trainer.warm_up(ahead)
-        finally:
-            if ahead is not None:
-                ahead.stop()
+        seconds = trainer.warm_up(ahead)  # which stops `ahead` however it ends
         if ahead is not None and ahead.failure:
             click.echo(f"cubedqn: note: the second compiling process did not finish ({ahead.failure}); "
                        "this one compiled the rest", err=True)

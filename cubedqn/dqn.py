@@ -273,7 +273,8 @@ class Trainer:
         The twin then encodes its cubes as acting does, steps its environments until its
         replay can serve a batch, draws its evaluation batch and runs its learner's backward
         and update once (those kernels compile here meanwhile, to be loaded there), waits for
-        that process, and goes on, loading the forward's and the rest from the cache.
+        that process, and goes on, loading the forward's and the rest from the cache. The
+        process is stopped when this returns or raises, whatever happened.
 
         Returns the seconds it took. A Ctrl-C during it sets `interrupted` (nothing trained);
         a twin whose two steps diverge is ignored (its kernels are compiled by then, and the
@@ -281,11 +282,11 @@ class Trainer:
         t0 = time.perf_counter()
         c = self.cfg
         buffer = max(4 * c.batch_size, c.n_envs * c.n_step)
-        twin = type(self)(c.replace(steps=2, minutes=0.0, learning_starts=c.batch_size, buffer_size=buffer,
-                                    eval_interval=1, log_interval=1, curriculum_eval_n=min(c.curriculum_eval_n, 8),
-                                    checkpoint_interval=0, tune_blas_threads=False, exploration_initial_eps=1.0,
-                                    exploration_final_eps=0.5, exploration_fraction=0.5))
         try:
+            twin = type(self)(c.replace(steps=2, minutes=0.0, learning_starts=c.batch_size, buffer_size=buffer,
+                                        eval_interval=1, log_interval=1, curriculum_eval_n=min(c.curriculum_eval_n, 8),
+                                        checkpoint_interval=0, tune_blas_threads=False, exploration_initial_eps=1.0,
+                                        exploration_final_eps=0.5, exploration_fraction=0.5))
             if ahead is not None:
                 try:
                     twin.encode_for_acting(twin.env.states)

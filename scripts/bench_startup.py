@@ -60,19 +60,15 @@ def run_once(cache_dir, out_dir, ahead=True):
 def cold_and_warm(repeats, tmp, compare_ahead=False):
     """repeats cold runs (each a fresh cache) and a warm run after each; with compare_ahead
     also a cold run with CUBEDQN_COMPILE_AHEAD=0 (the second process off), alternating."""
-    rows = {"cold cache": [], "warm cache": []}
-    if compare_ahead:
-        rows["cold cache, CUBEDQN_COMPILE_AHEAD=0"] = []
+    off = "cold cache, CUBEDQN_COMPILE_AHEAD=0"
+    rows = {"cold cache": [], "warm cache": [], **({off: []} if compare_ahead else {})}
     for k in range(repeats):
         cache = os.path.join(tmp, f"cache{k}")
-        if compare_ahead and k % 2:
-            rows["cold cache, CUBEDQN_COMPILE_AHEAD=0"].append(
-                run_once(os.path.join(tmp, f"cache-off{k}"), os.path.join(tmp, f"cold-off{k}"), ahead=False))
-        rows["cold cache"].append(run_once(cache, os.path.join(tmp, f"cold{k}")))
-        rows["warm cache"].append(run_once(cache, os.path.join(tmp, f"warm{k}")))
-        if compare_ahead and not k % 2:
-            rows["cold cache, CUBEDQN_COMPILE_AHEAD=0"].append(
-                run_once(os.path.join(tmp, f"cache-off{k}"), os.path.join(tmp, f"cold-off{k}"), ahead=False))
+        runs = [("cold cache", cache, f"cold{k}", True), ("warm cache", cache, f"warm{k}", True)]
+        if compare_ahead:  # the "off" run after the pair in even rounds, before it in odd ones
+            runs.insert(0 if k % 2 else 2, (off, os.path.join(tmp, f"cache-off{k}"), f"cold-off{k}", False))
+        for name, cache_dir, out, ahead in runs:
+            rows[name].append(run_once(cache_dir, os.path.join(tmp, out), ahead=ahead))
     for name, runs in rows.items():
         walls = sorted(w for w, _, _, _ in runs)
         begins = sorted(b for _, b, _, _ in runs if b is not None)

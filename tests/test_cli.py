@@ -136,22 +136,13 @@ def test_a_timed_run_compiles_before_its_budget_starts(tmp_path, monkeypatch):
     out = run(["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "steps")]).output
     assert "kernels ready" not in out and "trained 3 gradient steps" in out
 
-    class StandIn:
-        failure = None
-        waited = stopped = False
-
-        def wait(self):
-            self.waited = True
-            return True
-
-        def stop(self):
-            self.stopped = True
-    stand_in = StandIn()
+    from ahead_stand_in import AheadStandIn
+    stand_in = AheadStandIn()
     monkeypatch.setattr(precompile, "start", lambda cfg: stand_in)
     out = run(["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "ahead")]).output
     assert "a second process compiles the learner's" in out and "kernels ready in" in out
     assert "trained 3 gradient steps" in out and stand_in.waited and stand_in.stopped
-    stand_in.failure = "it exited with status 1: boom"
+    stand_in = AheadStandIn(failure="it exited with status 1: boom")
     r = CliRunner().invoke(main, ["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "f")])
     assert r.exit_code == 0 and "the second compiling process did not finish (it exited with status 1: boom)" in r.output
 

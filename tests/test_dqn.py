@@ -16,6 +16,7 @@ from cubedqn.learner import Learner, all_action_targets, row_max, sampled_target
 from cubedqn.nn import ALIGN, MLP, Layout
 from cubedqn.replay import Batch, ReplayBuffer, tree_fill_ring, tree_find, tree_set
 from cubedqn.rng import make_rng
+from ahead_stand_in import AheadStandIn
 from blas_rows import same
 
 P2 = get_puzzle("cube2")
@@ -450,20 +451,6 @@ def test_resume_is_exact(tmp_path, kw):
     assert np.array_equal(resumed.learner.target.params, straight.learner.target.params)
     assert np.array_equal(resumed.learner.opt.m, straight.learner.opt.m)
     assert np.array_equal(resumed.rng, straight.rng)
-
-
-class AheadStandIn:
-    """What warm_up asks of precompile.AheadCompile, recorded."""
-
-    def __init__(self):
-        self.waited = self.stopped = False
-
-    def wait(self):
-        self.waited = True
-        return True
-
-    def stop(self):
-        self.stopped = True
 
 
 @pytest.mark.parametrize("ahead", [False, True])

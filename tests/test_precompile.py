@@ -86,19 +86,9 @@ def test_a_cold_start_compiles_ahead_and_leaves_nothing_to_compile(tmp_path):
 def test_profile_warms_up_with_the_second_process(monkeypatch):
     """`cubedqn profile` on a cold cache: the trainer's warm-up waits for the second process
     (a stand-in here) before the profile's own warm-up steps, and stops it."""
+    from ahead_stand_in import AheadStandIn
     from cubedqn.profiling import profile_training
-
-    class StandIn:
-        waited = stopped = False
-        failure = None
-
-        def wait(self):
-            self.waited = True
-            return True
-
-        def stop(self):
-            self.stopped = True
-    stand_in = StandIn()
+    stand_in = AheadStandIn()
     monkeypatch.setattr(precompile, "start", lambda cfg: stand_in)
     report = profile_training(tiny(), steps=3, warmup=2)
     assert stand_in.waited and stand_in.stopped and report["train_step_ms"] > 0
