@@ -197,7 +197,12 @@ def _exit_with(parent_pid: int):
 def main(argv=None):
     from .config import Config
     from .threads import limit_threads
-    config_json, parent_pid = (sys.argv[1:] if argv is None else argv)[:2]
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or not argv[1].isdigit():
+        print("cubedqn.precompile: error: expected CONFIG_JSON PARENT_PID (train and profile start this "
+              "process themselves; it is not a command)", file=sys.stderr)
+        sys.exit(2)
+    config_json, parent_pid = argv
     _exit_with(int(parent_pid))
     lock_cache_saves()
     cfg = Config.from_dict(json.loads(config_json))

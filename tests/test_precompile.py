@@ -123,3 +123,10 @@ def test_cache_saves_hold_the_lock_and_name_their_own_data_files(tmp_path):
     index.save("signature b", b"machine code b")
     assert index.load("signature a") == b"machine code a" and index.load("signature b") == b"machine code b"
     assert len(list(tmp_path.glob("kernel-1.py311.*.nbc"))) == 2
+
+
+def test_the_module_run_by_hand_is_a_one_line_error():
+    r = subprocess.run([sys.executable, "-m", "cubedqn.precompile"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "cubedqn.precompile: error: expected CONFIG_JSON PARENT_PID (train and profile start this process "
+        "themselves; it is not a command)"]
