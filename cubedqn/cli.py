@@ -229,27 +229,40 @@ def train(profile, puzzle, steps, minutes, out, resume, seed, threads, device, *
     if warm_up:
         click.echo("compiling the training kernels (Numba keeps them for later runs"
                    + ("; a second process compiles the learner's)..." if ahead else ")..."))
-        seconds = trainer.warm_up(ahead)  # which stops `ahead` however it ends
+        # which stops `ahead` however it ends, or hands it to the trainer (trainer.ahead) to
+        # finish the one-call step's compile while training begins with the per-part step
+        seconds = trainer.warm_up(ahead, wait=False)
         if ahead is not None and ahead.failure:
             click.echo(f"cubedqn: note: the second compiling process did not finish ({ahead.failure}); "
                        "this one compiled the rest", err=True)
         if trainer.interrupted:
             click.echo("\ninterrupted while compiling the kernels; nothing was trained", err=True)
             sys.exit(130)
-        click.echo(f"kernels ready in {seconds:.1f} s")
+        click.echo(f"kernels ready in {seconds:.1f} s" + (
+            " (the second process is still compiling the one-call step: training begins with the "
+            "per-part step, the same results)" if trainer.ahead is not None else ""))
     t0 = time.perf_counter()
     try:
         trainer.run(run_dir=run_dir, on_log=on_log)
     except TrainingDiverged as e:
         click.echo(f"cubedqn: error: training diverged: {e}", err=True)
         sys.exit(1)
+    seconds = time.perf_counter() - t0
+    if trainer.ahead_pending():  # still compiling the one-call step: let it finish, for the next run
+        click.echo("waiting for the second process to finish compiling the one-call step (the next run loads it)...")
+        try:
+            trainer.ahead_pending(wait=True)
+        except KeyboardInterrupt:
+            trainer.ahead_pending(stop=True)
+    if trainer.ahead_failure:
+        click.echo(f"cubedqn: note: the second compiling process did not finish ({trainer.ahead_failure}); "
+                   "trained with the per-part step", err=True)
     trainer.save(run_dir)
     if trainer.interrupted:
         click.echo(f"\ninterrupted at gradient step {trainer.grad_steps}; checkpoint saved to {run_dir}")
         click.echo(f"resume with: cubedqn train --resume {run_dir}")
         sys.exit(130)
-    click.echo(f"trained {trainer.grad_steps} gradient steps, {trainer.env_steps} env steps "
-               f"in {time.perf_counter() - t0:.1f} s")
+    click.echo(f"trained {trainer.grad_steps} gradient steps, {trainer.env_steps} env steps in {seconds:.1f} s")
     if trainer.learner.target_cache and trainer.learner.cache_lookups:
         click.echo(f"target cache: {100 * trainer.learner.target_cache_hit_rate:.1f}% of "
                    f"children's target values reused")

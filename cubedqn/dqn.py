@@ -49,7 +49,9 @@ from .optim import all_finite
 from .replay import Batch, ReplayBuffer
 from .rng import make_rng, rng_from_list, rng_to_list
 from .search import greedy_solve
-from .threads import BlasThreadTuner
+from .threads import BlasThreadTuner, set_gemm_threads
+
+AHEAD_POLL_STEPS = 16  # gradient steps between looks at warm_up's second process (a waitpid each)
 
 
 class TrainingDiverged(RuntimeError):
@@ -149,6 +151,10 @@ class Trainer:
         self._eval_cache = {}
         self._log_acc = [0.0, 0]
         self.interrupted = False
+        # the second compiling process (precompile.py) that warm_up left still compiling the
+        # one-call step; the loop trains with the per-part step until it is done (ahead_pending)
+        self.ahead = None
+        self.ahead_failure = None  # why that process did not finish, once it ended (None: it did)
 
     # -- schedules -------------------------------------------------------------------------
     def depth_range(self):
@@ -259,7 +265,7 @@ class Trainer:
         self.timer.add("eval", time.perf_counter() - t0)
 
     # -- the loop ----------------------------------------------------------------------------
-    def warm_up(self, ahead=None) -> float:
+    def warm_up(self, ahead=None, wait=True) -> float:
         """Compile (or load from Numba's cache) the kernels the training loop calls, by running
         a small twin of this trainer for two gradient steps: the same config, so the same
         kernels and types, with a small replay buffer and evaluation batch and its own
@@ -274,7 +280,19 @@ class Trainer:
         replay can serve a batch, draws its evaluation batch and runs its learner's backward
         and update once (those kernels compile here meanwhile, to be loaded there), waits for
         that process, and goes on, loading the forward's and the rest from the cache. The
-        process is stopped when this returns or raises, whatever happened.
+        process is stopped when this returns or raises, whatever happened, unless it was
+        handed to this trainer (wait=False, below).
+
+        wait=False: where the learner takes the one-call step (learner.fused) and that process
+        is still compiling it at that point, the twin and then this trainer's loop train with
+        the per-part step instead, which gives the same bits (tested), and the loop switches
+        to the one-call step once the process is done (`self.ahead` until then; a run that
+        ends before then leaves it running, for its caller to wait for with
+        `ahead_pending(wait=True)`, so that the next run finds the cache complete; one that
+        is interrupted or raises stops it). Where the thread tuner runs, the GEMMs stay on
+        one thread until then (that process has the other CPU; tuning resumes after). On
+        the cube3 preset that process's compile of the one-call step had kept the warm-up
+        waiting about 7 s.
 
         Returns the seconds it took. A Ctrl-C during it sets `interrupted` (nothing trained);
         a twin whose two steps diverge is ignored (its kernels are compiled by then, and the
@@ -282,6 +300,7 @@ class Trainer:
         t0 = time.perf_counter()
         c = self.cfg
         buffer = max(4 * c.batch_size, c.n_envs * c.n_step)
+        ran = False  # the twin ran to its end (or diverged): this trainer's own run may follow
         try:
             twin = type(self)(c.replace(steps=2, minutes=0.0, learning_starts=c.batch_size, buffer_size=buffer,
                                         eval_interval=1, log_interval=1, curriculum_eval_n=min(c.curriculum_eval_n, 8),
@@ -296,18 +315,49 @@ class Trainer:
                     twin.eval_batch(twin.depth)
                     with matmul_precision_as(c.matmul_precision):
                         twin.learner.compile_update()
-                    ahead.wait()
+                    if not wait and self.learner.fused and ahead.poll() is None:
+                        twin.learner.fused = self.learner.fused = False
+                        self.ahead, ahead = ahead, None  # the loop's now (ahead_pending)
+                        if self.blas_tuner is not None:  # the other CPU compiles meanwhile
+                            set_gemm_threads(1)
+                    else:
+                        ahead.wait()
                 except KeyboardInterrupt:
                     self.interrupted = True
                     return time.perf_counter() - t0
             twin.run()
+            ran = not twin.interrupted
         except TrainingDiverged:
-            pass
+            ran = True
         finally:
             if ahead is not None:
                 ahead.stop()
+            if not ran:  # no run of this trainer follows: stop what was handed over
+                self.ahead_pending(stop=True)
         self.interrupted = twin.interrupted
         return time.perf_counter() - t0
+
+    def ahead_pending(self, wait=False, stop=False) -> bool:
+        """Whether the second compiling process that warm_up(wait=False) left running still
+        runs (after waiting for it with wait=True, or ending it with stop=True). When it
+        has ended, the learner takes the one-call step if it finished its work (and the
+        thread tuner probes again: the step's time changed), else it keeps the per-part step
+        and `ahead_failure` says why."""
+        if self.ahead is None:
+            return False
+        done = None if stop else self.ahead.wait() if wait else self.ahead.poll()
+        if done is None and not stop:
+            return True
+        self.ahead.stop()
+        if done:
+            self.learner.fused = True
+        elif not stop:
+            self.ahead_failure = self.ahead.failure
+        self.ahead = None
+        if self.blas_tuner is not None:  # back to the tuner's count, and a probe soon
+            set_gemm_threads(self.blas_tuner.current)
+            self.blas_tuner.probe_soon()
+        return False
 
     def run(self, max_steps=None, minutes=None, run_dir=None, on_log=None, until=None):
         """Train until max_steps gradient steps in total (default cfg.steps) or `minutes` pass,
@@ -327,6 +377,7 @@ class Trainer:
         previous = None
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGINT, lambda *_: setattr(self, "interrupted", True))
+        finished = False
         try:
             with matmul_precision_as(c.matmul_precision):  # the GEMMs of acting, learning and evaluation
                 self._loop(target, deadline, learn_after, run_dir, metrics, on_log, until)
@@ -334,9 +385,12 @@ class Trainer:
                 # the steps since the last log line (a run shorter than log_interval, or one
                 # stopped by its time budget or Ctrl-C), so that every run leaves its record
                 self.log(metrics, on_log)
+            finished = True
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+            if not finished or self.interrupted:  # warm_up(wait=False)'s second process, if it still runs
+                self.ahead_pending(stop=True)
             if self._budget is not None:
                 self.saved_progress = self.progress()
                 self._budget = None
@@ -345,7 +399,8 @@ class Trainer:
         return self
 
     def _loop(self, target, deadline, learn_after, run_dir, metrics, on_log, until):
-        c, clock, tuner = self.cfg, time.perf_counter, self.blas_tuner
+        c, clock = self.cfg, time.perf_counter
+        tuner = self.blas_tuner if self.ahead is None else None  # held at one thread until then (warm_up)
         # Each pass does one env iteration or one gradient step, so a run stopped between any
         # two gradient steps (and checkpointed, `pending` included) resumes exactly.
         while self.grad_steps < target and clock() < deadline and not self.interrupted:
@@ -361,6 +416,8 @@ class Trainer:
             if tuner is not None:
                 tuner.step_done(clock() - t0)
             self.pending -= 1
+            if self.ahead is not None and self.grad_steps % AHEAD_POLL_STEPS == 0 and not self.ahead_pending():
+                tuner = self.blas_tuner
             if self.grad_steps % c.eval_interval == 0:
                 self.evaluate_curriculum()
             if self.grad_steps % c.log_interval == 0:

@@ -10,7 +10,10 @@ children and target caches' and the loss's kernels. Meanwhile the trainer builds
 and its warm-up (`Trainer.warm_up`) encodes and steps its environments, samples its replay,
 draws its evaluation batch and runs its learner's backward and update once
 (`Learner.compile_update`), which that process, coming to them last, then loads. The
-warm-up waits for that process before its first gradient step, which loads the rest.
+warm-up waits for that process before its first gradient step, which loads the rest; in
+`train`, where that process is still compiling the one-call step (`learner.fused`: dqn and
+double targets) by then, training begins with the per-part step, which gives the same
+bits, and takes the one-call step once that process is done (`Trainer.ahead_pending`).
 
 What it is not: a way to make anything faster once the cache is warm (then `start` starts
 nothing), or a requirement. The second process only ever writes Numba's cache, through
@@ -99,8 +102,8 @@ def lock_cache_saves():
 
 
 class AheadCompile:
-    """The second process, started by `start`. `wait` until it is done; `stop` ends it;
-    `failure` says, after a wait, why it did not finish its work (None if it did)."""
+    """The second process, started by `start`. `wait` until it is done (or `poll`); `stop`
+    ends it; `failure` says, after a wait, why it did not finish its work (None if it did)."""
 
     def __init__(self, process: subprocess.Popen, errors):
         self.process, self.errors = process, errors
@@ -120,6 +123,12 @@ class AheadCompile:
             lines = self.errors.read().decode(errors="replace").strip().splitlines()
             self.failure = f"it exited with status {code}" + (f": {lines[-1]}" if lines else "")
         return code == 0
+
+    def poll(self):
+        """None while the process runs; then, as `wait`, whether it finished its work."""
+        if self.process.poll() is None:
+            return None
+        return self.wait(0)
 
     def stop(self):
         if self.process.poll() is None:

@@ -236,6 +236,14 @@ class BlasThreadTuner:
         self.window = [0.0, 0]
         self.set_threads(self.schedule[phase])
 
+    def probe_soon(self):
+        """Probe at the next gradient step (unless probing now): the step itself changed (the
+        trainer switched to its one-call step, dqn.Trainer.ahead_pending), so the last probe's
+        times no longer stand (and a probe made while a second compiling process took a CPU
+        may have kept one thread)."""
+        if self.phase < 0:
+            self.since = self.interval
+
     def pause(self):
         """Leave the loop (end of a run): an unfinished probe is dropped, the BLAS goes back
         to the count in use, and the next run probes at its first gradient step."""

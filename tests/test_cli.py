@@ -146,11 +146,22 @@ def test_a_timed_run_compiles_before_its_budget_starts(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "f")])
     assert r.exit_code == 0 and "the second compiling process did not finish (it exited with status 1: boom)" in r.output
 
+    # still compiling the one-call step when the warm-up is done: training begins with the
+    # per-part step, and the command waits for that process at the end (for the next run)
+    stand_in = AheadStandIn(running_polls=10 ** 6)
+    out = run(["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "late")]).output
+    assert "still compiling the one-call step" in out and "trained 3 gradient steps" in out
+    assert "waiting for the second process to finish" in out and stand_in.waited and stand_in.stopped
+    stand_in = AheadStandIn(failure="it exited with status 1: late", running_polls=10 ** 6)
+    r = CliRunner().invoke(main, ["train", *common, "--steps", "3", "--minutes", "0", "--out", str(tmp_path / "lf")])
+    assert r.exit_code == 0 and "trained 3 gradient steps" in r.output
+    assert "did not finish (it exited with status 1: late); trained with the per-part step" in r.output
+
 
 def test_ctrl_c_while_compiling_trains_nothing(tmp_path, monkeypatch):
     from cubedqn.dqn import Trainer
 
-    def interrupted(self, ahead=None):
+    def interrupted(self, ahead=None, wait=True):
         self.interrupted = True
         return 1.0
     monkeypatch.setattr(Trainer, "warm_up", interrupted)

@@ -489,6 +489,99 @@ def test_warm_up_leaves_the_trainer_as_it_was(kw, ahead, monkeypatch):
     assert warmed.depth == plain.depth and warmed.last_solve_rate == plain.last_solve_rate
 
 
+def _same_run(a, b):
+    assert a.grad_steps == b.grad_steps
+    for x, y in ((a.learner.online.params, b.learner.online.params), (a.learner.target.params, b.learner.target.params),
+                 (a.learner.opt.m, b.learner.opt.m), (a.rng, b.rng)):
+        assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("failure", [None, "it exited with status 1: boom"])
+def test_warm_up_hands_a_process_still_compiling_the_one_call_step_to_the_loop(failure, monkeypatch):
+    """warm_up(wait=False) with the second process (a stand-in) still compiling when the
+    twin would wait for it: the twin and the loop train with the per-part step, the loop
+    looks every AHEAD_POLL_STEPS gradient steps and takes the one-call step from the look
+    that finds the process done (or keeps the per-part step and says why, if it failed);
+    the same bits as a run on the one-call step throughout (tested equal elsewhere)."""
+    import cubedqn.dqn as dqn
+    cfg = tiny_cfg()
+    plain = Trainer(cfg).run()
+    assert plain.learner.fused
+    warmed = Trainer(cfg)
+    stand_in = AheadStandIn(failure=failure, running_polls=2)  # the warm-up's look and the loop's first
+    warmed.warm_up(stand_in, wait=False)
+    assert warmed.ahead is stand_in and not warmed.learner.fused and not stand_in.stopped
+    fused_at = []
+    gradient_step = dqn.Trainer.gradient_step
+
+    def recording(self):
+        fused_at.append(self.learner.fused)
+        gradient_step(self)
+    monkeypatch.setattr(dqn.Trainer, "gradient_step", recording)
+    warmed.run()
+    done_at = 2 * dqn.AHEAD_POLL_STEPS
+    assert len(fused_at) == 40 and done_at < 40
+    assert fused_at == [False] * done_at + [failure is None] * (40 - done_at)
+    assert stand_in.stopped and warmed.ahead is None and warmed.ahead_failure == failure
+    _same_run(warmed, plain)
+
+
+def test_a_run_ending_before_the_second_process_leaves_it_to_its_caller(monkeypatch):
+    """A run over before the second process is done leaves it running (the CLI waits for it,
+    for the next run's cache); an interrupted run, or a warm-up that is, stops it."""
+    import cubedqn.dqn as dqn
+    tr = Trainer(tiny_cfg())
+    stand_in = AheadStandIn(running_polls=10 ** 6)
+    tr.warm_up(stand_in, wait=False)
+    tr.run(max_steps=10)
+    assert tr.ahead is stand_in and not stand_in.stopped and not tr.learner.fused
+    assert not tr.ahead_pending(wait=True)
+    assert stand_in.waited and stand_in.stopped and tr.ahead is None and tr.learner.fused
+
+    tr = Trainer(tiny_cfg())
+    stand_in = AheadStandIn(running_polls=10 ** 6)
+    tr.warm_up(stand_in, wait=False)
+    gradient_step = dqn.Trainer.gradient_step
+
+    def ctrl_c_at_step_5(self):
+        gradient_step(self)
+        if self.grad_steps == 5:
+            self.interrupted = True
+    monkeypatch.setattr(dqn.Trainer, "gradient_step", ctrl_c_at_step_5)
+    tr.run()
+    assert tr.interrupted and tr.grad_steps == 5 and stand_in.stopped and not stand_in.waited and tr.ahead is None
+    monkeypatch.undo()
+
+    tr = Trainer(tiny_cfg())
+    stand_in = AheadStandIn(running_polls=10 ** 6)
+    monkeypatch.setattr(dqn.Trainer, "run", lambda self, *a, **k: setattr(self, "interrupted", True))
+    tr.warm_up(stand_in, wait=False)  # the twin's run "interrupted"
+    assert tr.interrupted and stand_in.stopped and tr.ahead is None
+
+
+def test_the_thread_tuner_waits_for_the_second_process(monkeypatch):
+    """With --threads 2 and the tuner, the GEMMs stay on one thread while the second process
+    compiles (it has the other CPU) and the tuner is not asked; once it is done they go back
+    to the tuner's count and it probes at the next gradient step."""
+    import cubedqn.dqn as dqn
+    calls = []
+    monkeypatch.setattr(dqn, "set_gemm_threads", calls.append)
+    tr = Trainer(tiny_cfg(threads=2))
+    tuner = tr.blas_tuner
+    if tuner is None:
+        pytest.skip("no thread tuner here")
+    stand_in = AheadStandIn(running_polls=2)
+    tr.warm_up(stand_in, wait=False)
+    assert calls == [1]
+    asked = []
+    step_done = type(tuner).step_done
+    monkeypatch.setattr(type(tuner), "step_done", lambda self, s: (asked.append(tr.grad_steps), step_done(self, s)))
+    monkeypatch.setattr(type(tuner), "probe_soon", lambda self: calls.append("probe"))
+    tr.run()
+    done_at = 2 * dqn.AHEAD_POLL_STEPS
+    assert calls == [1, 2, "probe"] and asked and min(asked) == done_at + 1
+
+
 def test_warm_up_ignores_a_diverging_twin_and_passes_on_ctrl_c(monkeypatch):
     import cubedqn.dqn as dqn
 
