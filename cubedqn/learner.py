@@ -52,6 +52,13 @@ _FUSED_ENV = os.environ.get("CUBEDQN_FUSED", "1").strip()
 FUSED_PROBLEM = None if _FUSED_ENV in ("0", "1") else \
     f"CUBEDQN_FUSED={os.environ['CUBEDQN_FUSED']!r} is not one of: 0, 1"
 FUSED = _FUSED_ENV != "0"
+# By default the fused step only where a batch's forward through the GEMM layers is at most
+# this many FLOPs (144-256-256-12 at batch 64: 8.8 M; 324-1024-512-12 at batch 256: 272 M).
+# What one call saves is the per-part path's Python and calls, tens of microseconds: 3% of
+# the small step (docs/performance-log.md, stop 40), nothing measurable at the large one
+# (0.94-1.07x in three alternating pairs of the cube3 profile command, stop 41),
+# while compiling it cost a one-CPU cold start of the cube3 preset 13-15 s.
+FUSED_MAX_GEMM_FLOPS = 32e6
 
 
 class PhaseTimer:
@@ -383,8 +390,11 @@ class Learner:
         self.n_touched = 0
         self._parts = PhaseTimer().parts  # where the parts go when no timer is given
         # the fused step (fused_sampled_step) where it covers the configuration; fused=None:
-        # unless CUBEDQN_FUSED=0. Timed steps need the kernel's clock.
-        self.fused = bool(FUSED if fused is None else fused) and targets != "all-actions" and grad_accum == 1 \
+        # for networks and batches up to FUSED_MAX_GEMM_FLOPS, unless CUBEDQN_FUSED=0.
+        # Timed steps need the kernel's clock.
+        if fused is None:
+            fused = FUSED and layout.flops_gemm_forward(batch_size) <= FUSED_MAX_GEMM_FLOPS
+        self.fused = bool(fused) and targets != "all-actions" and grad_accum == 1 \
             and not lomo and not sparse_update and encoder.rotation_only
         self.stamps = np.zeros(len(FUSED_PARTS) + 1 + 2, np.int64)  # + the clock's scratch
         self.updates = 0

@@ -9,8 +9,10 @@ corrected) instead, the update `cubedqn profile` and `train` run by default (the
 profile commands time that step). cubedqn uses its sparse first layer (sticker
 indices); the peers get the dense one-hot float input they would use. A "cubedqn dense" row runs the engine with the
 dense first layer too, and "cubedqn per-part" without the fused step (one kernel call per
-part instead of one for the whole step, as CUBEDQN_FUSED=0 does). Prints medians, ratios
-to cubedqn, and the BLAS kernel in use.
+part instead of one for the whole step, as CUBEDQN_FUSED=0 does) where the "cubedqn" row
+takes it, else "cubedqn one-call" with it (learner.FUSED_MAX_GEMM_FLOPS: the large shape's
+engine step is the per-part one). Prints medians, ratios to cubedqn, and the BLAS kernel
+in use.
 
 Then, per shape, the bound the performance issue asks for: the step's GEMMs (their FLOPs
 over the sgemm peak measured in this process, and over the core's FMA ceiling, a loop of
@@ -440,8 +442,11 @@ def main():
         layout = Layout(puzzle.n_stickers * 6, puzzle.n_stickers, hidden, 12)
         batch = make_data(puzzle, bsz)
         opt = args.optimizer
-        impls = {"cubedqn": cubedqn_step(layout, puzzle, batch, optimizer=opt),
-                 "cubedqn per-part": cubedqn_step(layout, puzzle, batch, fused=False, optimizer=opt),
+        engine = cubedqn_step(layout, puzzle, batch, optimizer=opt)
+        fused = engine.learner.fused  # the other path, for the side-by-side row
+        impls = {"cubedqn": engine,
+                 "cubedqn one-call" if not fused else "cubedqn per-part":
+                     cubedqn_step(layout, puzzle, batch, fused=not fused, optimizer=opt),
                  "cubedqn dense": cubedqn_step(layout, puzzle, batch, sparse=False, optimizer=opt)}
         skipped = []
         for peer in args.peers.split(","):
