@@ -290,9 +290,9 @@ class Trainer:
         ends before then leaves it running, for its caller to wait for with
         `ahead_pending(wait=True)`, so that the next run finds the cache complete; one that
         is interrupted or raises stops it). Where the thread tuner runs, the GEMMs stay on
-        one thread until then (that process has the other CPU; tuning resumes after). On
-        the cube3 preset that process's compile of the one-call step had kept the warm-up
-        waiting about 7 s.
+        one thread until then (that process has the other CPU; tuning resumes after).
+        `train --puzzle cube2` (double targets) cold: training began at 21-22 s instead of
+        30-32 s (README, Design notes, "A cold start compiles on two cores").
 
         Returns the seconds it took. A Ctrl-C during it sets `interrupted` (nothing trained);
         a twin whose two steps diverge is ignored (its kernels are compiled by then, and the
