@@ -586,8 +586,8 @@ def test_the_thread_tuner_waits_for_the_second_process(monkeypatch):
     monkeypatch.setattr(dqn, "set_gemm_threads", calls.append)
     tr = Trainer(tiny_cfg(threads=2))
     tuner = tr.blas_tuner
-    if tuner is None:
-        pytest.skip("no thread tuner here")
+    assert tuner is not None
+    tuner.set_threads = lambda n: None  # its own probes (after a second of loop time) change nothing here
     stand_in = AheadStandIn(running_polls=2)
     tr.warm_up(stand_in, wait=False)
     assert calls == [1]
