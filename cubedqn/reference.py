@@ -67,7 +67,6 @@ def backward(layout: Layout, flat: np.ndarray, x: np.ndarray, acts, dq) -> np.nd
     grad = np.zeros_like(flat)
     gW, gb = views(grad, layout)
     if layout.dueling:
-        a = layout.n_actions
         d = np.concatenate([dq - dq.mean(axis=1, keepdims=True), dq.sum(axis=1, keepdims=True)], axis=1)
     else:
         d = dq

@@ -4,7 +4,6 @@ The default process binds numpy's bundled OpenBLAS where there is one; the "scip
 (a native sgemm that runs numba's np.dot) is tested here through ctypes, and once in a
 subprocess with CUBEDQN_BLAS=scipy, where the same cached kernels must give the same rows.
 """
-import ctypes
 import os
 import subprocess
 import sys

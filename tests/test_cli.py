@@ -1,7 +1,6 @@
 """CLI contracts: JSON keys, one-line errors with exit status 2, train -> eval -> solve."""
 import json
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cubedqn.cube import (FACES, MOVE_NAMES, CubeError, apply_actions, apply_moves, encode_index,
+from cubedqn.cube import (CubeError, apply_actions, apply_moves, encode_index,
                           encode_onehot, expand_children, format_moves, from_facelets, get_puzzle,
                           invert_moves, is_solved, parse_moves, scramble_into, solved_batch,
                           sticker_order, to_facelets)
