@@ -160,20 +160,28 @@ class ReplayBuffer:
         return self.records.nbytes + self.tree.nbytes
 
     def add(self, records: np.ndarray, count=None):
-        """Append the first `count` rows of a record matrix (one or two contiguous copies)."""
-        count = len(records) if count is None else count
+        """Append the first `count` rows of a record matrix (one or two contiguous copies).
+        Called once per env iteration with a few dozen rows, so its Python is kept short:
+        64 rows 1.27-1.37x faster than before stop 41 (2.33-2.46 us a call; one slice copy
+        takes 1.36), runs/perf34/replay_add_ab.txt."""
+        n = len(records)
+        count = n if count is None else count
         if count == 0:
             return
-        if count > self.capacity:
+        cap, pos = self.capacity, self.pos
+        if count > cap:
             raise ValueError("cannot add more transitions at once than the buffer holds")
-        first = min(count, self.capacity - self.pos)
-        self.records[self.pos:self.pos + first] = records[:first]
-        if first < count:
+        end = pos + count
+        if end <= cap:
+            self.records[pos:end] = records if count == n else records[:count]
+        else:  # wraps: the tail of the ring, then its head
+            first = cap - pos
+            self.records[pos:] = records[:first]
             self.records[:count - first] = records[first:count]
         if self.prioritized:  # new transitions get the highest priority seen so far
-            tree_fill_ring(self.tree, self.cap2, self.pos, count, self.capacity, self.max_priority ** self.alpha)
-        self.pos = (self.pos + count) % self.capacity
-        self.size = min(self.size + count, self.capacity)
+            tree_fill_ring(self.tree, self.cap2, pos, count, cap, self.max_priority ** self.alpha)
+        self.pos = end % cap
+        self.size = min(self.size + count, cap)
 
     def sample(self, rng: np.ndarray, batch: Batch, beta: float = 0.4):
         if self.size == 0:

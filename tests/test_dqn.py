@@ -36,6 +36,33 @@ def fill(buf, n, rng):
     return rec
 
 
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_replay_add_matches_a_plain_ring(prioritized):
+    """add(records, count) against a slot-by-slot ring: counts below the rows given, adds
+    that end exactly at the capacity and ones that wrap; the sum-tree's leaves of the slots
+    written get the highest priority seen."""
+    rng = np.random.default_rng(3)
+    buf = ReplayBuffer(50, 24, gamma=0.9, prioritized=prioritized)
+    ring, pos, size = np.zeros_like(buf.records), 0, 0
+    for rows, count in ((20, 20), (30, 17), (13, 13), (40, 33), (50, 50), (10, 0), (7, 6)):
+        rec = rng.integers(0, 256, (rows, buf.layout.width)).astype(np.uint8)
+        if prioritized:
+            buf.tree[buf.cap2:buf.cap2 + 50] = 0.0  # so that only this add's slots hold a priority
+        buf.add(rec, count)
+        slots = [(pos + k) % 50 for k in range(count)]
+        for k, j in enumerate(slots):
+            ring[j] = rec[k]
+        pos, size = (pos + count) % 50, min(size + count, 50)
+        assert np.array_equal(buf.records, ring) and (buf.pos, buf.size) == (pos, size)
+        if prioritized:
+            leaves = buf.tree[buf.cap2:buf.cap2 + 50]
+            want = np.zeros(50)
+            want[slots] = buf.max_priority ** buf.alpha
+            assert np.array_equal(leaves, want)
+    with pytest.raises(ValueError, match="more transitions at once than the buffer holds"):
+        buf.add(np.zeros((51, buf.layout.width), np.uint8))
+
+
 def test_replay_ring_round_trip_and_wraparound(tmp_path):
     rng = np.random.default_rng(0)
     buf = ReplayBuffer(100, 24, gamma=0.9)
