@@ -43,7 +43,24 @@ class RecordLayout:
 
 @njit(cache=True)
 def _gather(idx, buf, out, nsteps_col, gamma, discounts):
+    """out[k] = buf[idx[k]], discounts[k] = gamma ** its n-step count.
+
+    In two passes: the first copies a byte from each cache line of each row (bytes 0, 64,
+    128 and the last: every line of records up to 192 bytes; the 2x2x2's are 56, the
+    3x3x3's 116), loads that do not wait on each other, so that the rows' cache misses
+    overlap; the second copies the rows from the cache and reads their n-step counts.
+    Rows from a 1M-record buffer, 64 a call, in process against one pass (runs/perf34/
+    gather_ab.py, 9 alternating rounds, three runs): 1.95-1.97x for 56-byte rows,
+    2.42-2.80x for 116; with gamma ** n in the first pass, 1.28-1.49x."""
     w = buf.shape[1]
+    for k in range(idx.shape[0]):
+        src = buf[idx[k]]
+        out[k, 0] = src[0]
+        if w > 64:
+            out[k, 64] = src[64]
+        if w > 128:
+            out[k, 128] = src[128]
+        out[k, w - 1] = src[w - 1]
     for k in range(idx.shape[0]):
         src = buf[idx[k]]
         dst = out[k]

@@ -63,6 +63,25 @@ def test_replay_add_matches_a_plain_ring(prioritized):
         buf.add(np.zeros((51, buf.layout.width), np.uint8))
 
 
+@pytest.mark.parametrize("stickers", [24, 54, 96])  # records of 56, 116 and 200 bytes
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_replay_sample_gathers_the_sampled_records(stickers, prioritized):
+    """sample's gather (two passes: a byte of each cache line first, then the rows) gives
+    the sampled records as they are and gamma to the power of their n-step counts, for
+    records of one, two and four cache lines."""
+    rng = np.random.default_rng(4)
+    buf = ReplayBuffer(3000, stickers, gamma=0.9, prioritized=prioritized)
+    rec = rng.integers(0, 256, (3000, buf.layout.width)).astype(np.uint8)
+    rec[:, buf.layout.nsteps] = rng.integers(1, 6, 3000)
+    buf.add(rec)
+    batch = Batch(64, stickers, np.float32)
+    buf.sample(make_rng(2), batch)
+    assert len(set(batch.indices.tolist())) > 1
+    assert np.array_equal(batch.records, rec[batch.indices])
+    np.testing.assert_allclose(batch.discounts, 0.9 ** rec[batch.indices, buf.layout.nsteps].astype(np.float64),
+                               rtol=1e-6)
+
+
 def test_replay_ring_round_trip_and_wraparound(tmp_path):
     rng = np.random.default_rng(0)
     buf = ReplayBuffer(100, 24, gamma=0.9)
