@@ -114,15 +114,35 @@ def tree_find(tree, cap2, mass):
 
 
 @njit(cache=True)
-def _prioritized_indices(rng, tree, cap2, size, beta, out, weights):
-    """Stratified proportional sampling; weights = (size * P(i))^-beta / max weight."""
+def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass):
+    """Stratified proportional sampling; weights = (size * P(i))^-beta / max weight.
+
+    The n descents of the sum-tree are tree_find's, step for step, but run level by level
+    side by side (out holds each one's node, mass its remaining mass: float64 scratch), so
+    that one level's n loads do not wait on each other: below the levels that stay in
+    cache each load is a miss, and one descent at a time took them one after another.
+    64 draws from a 1M-leaf tree, in process against one descent at a time (runs/perf34/
+    per_ab.py, 9 alternating rounds, two runs): 1.57x, 1.59x (without branches in the
+    level loop: 1.50x, 1.60x, not kept)."""
     total = tree[1]
     n = out.shape[0]
     seg = total / n
+    for k in range(n):
+        mass[k] = (k + uniform(rng)) * seg
+        out[k] = 1
+    width = 1
+    while width < cap2:
+        width *= 2
+        for k in range(n):
+            left = 2 * out[k]
+            if mass[k] < tree[left] or tree[left + 1] <= 0.0:
+                out[k] = left
+            else:
+                mass[k] -= tree[left]
+                out[k] = left + 1
     wmax = 0.0
     for k in range(n):
-        m = (k + uniform(rng)) * seg
-        i = tree_find(tree, cap2, m)
+        i = out[k] - cap2
         if i >= size:
             i = size - 1
         out[k] = i
@@ -147,6 +167,7 @@ class Batch:
         self.discounts = np.zeros(n, dtype)
         self.weights = np.ones(n, dtype)
         self.indices = np.zeros(n, np.int64)
+        self.masses = np.zeros(n, np.float64)  # the prioritized sampler's scratch
 
 
 class ReplayBuffer:
@@ -205,7 +226,8 @@ class ReplayBuffer:
             raise ValueError("cannot sample from an empty replay buffer")
         gamma = batch.discounts.dtype.type(self.gamma)
         if self.prioritized:
-            _prioritized_indices(rng, self.tree, self.cap2, self.size, beta, batch.indices, batch.weights)
+            _prioritized_indices(rng, self.tree, self.cap2, self.size, beta, batch.indices, batch.weights,
+                                 batch.masses)
             _gather(batch.indices, self.records, batch.records, self.layout.nsteps, gamma, batch.discounts)
         else:
             _sample_uniform(rng, self.size, self.records, batch.indices, batch.records, self.layout.nsteps,

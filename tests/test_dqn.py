@@ -120,6 +120,32 @@ def test_uniform_sampling_distribution():
     assert chi2 < 100  # 49 dof: p ~ 1e-5 cut-off
 
 
+@pytest.mark.parametrize("capacity,size", [(1, 1), (13, 13), (1000, 700), (5000, 5000)])
+def test_prioritized_sampling_descends_as_tree_find_does(capacity, size):
+    """The sampler's descents, run level by level side by side, pick what tree_find picks
+    one at a time from the same draws (zero priorities among the leaves too), and the same
+    importance weights."""
+    from cubedqn.rng import uniform
+    rng = np.random.default_rng(capacity)
+    buf = ReplayBuffer(capacity, 24, gamma=0.9, prioritized=True)
+    buf.add(rng.integers(0, 6, (size, buf.layout.width)).astype(np.uint8))
+    pri = rng.uniform(0, 2, size) * (rng.uniform(size=size) > 0.2)  # a fifth of them zero
+    pri[0] = max(pri[0], 0.1)
+    tree_set(buf.tree, buf.cap2, np.arange(size), pri)
+    batch = Batch(64, 24, np.float32)
+    state = make_rng(7)
+    mine = state.copy()
+    buf.sample(mine, batch, beta=0.4)
+    tree, cap2, total = buf.tree, buf.cap2, buf.tree[1]
+    want = []
+    for k in range(64):
+        i = min(tree_find(tree, cap2, (k + uniform(state)) * (total / 64)), size - 1)
+        want.append(i)
+    assert batch.indices.tolist() == want and np.array_equal(mine, state)
+    w = (size * tree[cap2 + np.array(want)] / total) ** -0.4
+    np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-6)
+
+
 def test_sum_tree_matches_numpy_prefix_sums():
     rng = np.random.default_rng(0)
     cap2 = 16
