@@ -89,6 +89,37 @@ def tree_set(tree, cap2, idx, values):
 
 
 @njit(cache=True)
+def _set_priorities(tree, cap2, indices, td_errors, eps, alpha, node, delta):
+    """tree_set(tree, cap2, indices, (|td| + eps) ** alpha), the same sums in the same
+    order, with the ascents run level by level side by side (node, delta: scratch of
+    len(indices)) so that one level's loads do not wait on each other. A leaf listed twice
+    ends with its last priority, as in tree_set: the leaves are set one after another,
+    and each node above adds its descendants' changes in the order they are listed.
+    Returns the largest |td| + eps. 64 on a 1M-leaf tree, in process against the method
+    before (numpy temporaries, tree_set; runs/perf34/priorities_ab.py, 9 alternating
+    rounds, two runs): 1.75x, 1.84x (1.06x, 1.12x with the powers in the leaves' loop)."""
+    top = 0.0
+    for k in range(indices.shape[0]):  # the powers first: a libm call between loads holds them back
+        p = np.float64(abs(td_errors[k])) + eps
+        if p > top:
+            top = p
+        delta[k] = p ** alpha
+    for k in range(indices.shape[0]):
+        j = indices[k] + cap2
+        d = delta[k] - tree[j]
+        tree[j] += d
+        node[k] = j // 2
+        delta[k] = d
+    width = 1
+    while width < cap2:  # every leaf is at the same depth: log2(cap2) levels above them
+        width *= 2
+        for k in range(indices.shape[0]):
+            tree[node[k]] += delta[k]
+            node[k] //= 2
+    return top
+
+
+@njit(cache=True)
 def tree_fill_ring(tree, cap2, start, count, capacity, value):
     """Set leaves start, start+1, ... (count of them, wrapping at capacity) to value."""
     for k in range(count):
@@ -187,6 +218,7 @@ class ReplayBuffer:
         self.prioritized, self.alpha, self.eps = prioritized, alpha, eps
         self.cap2 = 1 << max(0, (capacity - 1).bit_length())
         self.tree = np.zeros(2 * self.cap2 if prioritized else 0, np.float64)
+        self._ascents = (np.zeros(0, np.int64), np.zeros(0, np.float64))  # update_priorities' scratch
         self.max_priority = 1.0
 
     @property
@@ -236,9 +268,11 @@ class ReplayBuffer:
 
     def update_priorities(self, indices, td_errors):
         """Priority of each sampled transition becomes (|td| + eps)^alpha."""
-        pri = np.abs(td_errors).astype(np.float64) + self.eps
-        self.max_priority = max(self.max_priority, float(pri.max()))
-        tree_set(self.tree, self.cap2, indices, pri ** self.alpha)
+        n = len(indices)
+        if len(self._ascents[0]) != n:  # scratch, made once per batch size
+            self._ascents = (np.zeros(n, np.int64), np.zeros(n, np.float64))
+        top = _set_priorities(self.tree, self.cap2, indices, td_errors, self.eps, self.alpha, *self._ascents)
+        self.max_priority = max(self.max_priority, float(top))
 
     # -- persistence --------------------------------------------------------------------
     def arrays(self):

@@ -146,6 +146,26 @@ def test_prioritized_sampling_descends_as_tree_find_does(capacity, size):
     np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("capacity", [1, 13, 1000])
+def test_priority_updates_set_the_tree_as_tree_set_does(capacity):
+    """update_priorities (its ascents level by level side by side) leaves the sum-tree
+    bit for bit as (|td| + eps) ** alpha through tree_set one leaf at a time does, indices
+    listed twice in a batch included, and the same highest priority."""
+    rng = np.random.default_rng(capacity)
+    buf = ReplayBuffer(capacity, 24, gamma=0.9, prioritized=True)
+    buf.add(rng.integers(0, 6, (capacity, buf.layout.width)).astype(np.uint8))
+    tree, top = buf.tree.copy(), buf.max_priority
+    for n in (64, 64, 7):
+        idx = rng.integers(0, capacity, n)
+        idx[n // 2] = idx[0]  # a leaf twice
+        td = (rng.normal(0, 2, n) * (rng.uniform(size=n) > 0.1)).astype(np.float32)
+        buf.update_priorities(idx, td)
+        pri = np.abs(td).astype(np.float64) + buf.eps
+        top = max(top, float(pri.max()))
+        tree_set(tree, buf.cap2, idx, pri ** buf.alpha)
+        assert np.array_equal(buf.tree, tree) and buf.max_priority == top
+
+
 def test_sum_tree_matches_numpy_prefix_sums():
     rng = np.random.default_rng(0)
     cap2 = 16
