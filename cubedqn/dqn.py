@@ -345,14 +345,15 @@ class Trainer:
         and `ahead_failure` says why."""
         if self.ahead is None:
             return False
-        done = None if stop else self.ahead.wait() if wait else self.ahead.poll()
-        if done is None and not stop:
-            return True
+        if not stop:
+            done = self.ahead.wait() if wait else self.ahead.poll()
+            if done is None:
+                return True
+            if done:
+                self.learner.fused = True
+            else:
+                self.ahead_failure = self.ahead.failure
         self.ahead.stop()
-        if done:
-            self.learner.fused = True
-        elif not stop:
-            self.ahead_failure = self.ahead.failure
         self.ahead = None
         if self.blas_tuner is not None:  # back to the tuner's count, and a probe soon
             set_gemm_threads(self.blas_tuner.current)

@@ -80,6 +80,9 @@ def _sample_uniform(rng, size, buf, idx, out, nsteps_col, gamma, discounts):
 
 @njit(cache=True)
 def tree_set(tree, cap2, idx, values):
+    """Leaves idx[k] set to values[k], one after another, each change added up the tree.
+    The one-at-a-time form that _set_priorities (the replay's updates) must match bit for
+    bit; the tests hold it to that."""
     for k in range(idx.shape[0]):
         j = idx[k] + cap2
         delta = values[k] - tree[j]
@@ -132,7 +135,9 @@ def tree_fill_ring(tree, cap2, start, count, capacity, value):
 
 @njit(cache=True)
 def tree_find(tree, cap2, mass):
-    """Leaf index i such that the prefix sum of leaves before i <= mass < prefix incl. i."""
+    """Leaf index i such that the prefix sum of leaves before i <= mass < prefix incl. i.
+    One descent: the form _prioritized_indices' side-by-side descents follow step for
+    step; the tests hold them to it."""
     j = 1
     while j < cap2:
         left = 2 * j
