@@ -133,6 +133,19 @@ def dqn_targets(rewards, dones, discounts, q_next_target):
     return rewards + discounts * (1 - dones) * q_next_target.max(axis=1)
 
 
+def sum_tree(leaves: np.ndarray, cap2: int) -> np.ndarray:
+    """The replay's sum-tree over these leaves (float64; tree[1] the root, leaves at
+    tree[cap2 + i], tree[0] unused): each level the pairwise sums of the one below."""
+    tree = np.zeros(2 * cap2)
+    tree[cap2:cap2 + len(leaves)] = leaves
+    width = cap2
+    while width > 1:
+        below = tree[width:2 * width]
+        width //= 2
+        tree[width:2 * width] = below[0::2] + below[1::2]
+    return tree
+
+
 def bf16_round(x: np.ndarray) -> np.ndarray:
     """float32 x rounded to the nearest bfloat16 (ties to even), as float32 (finite x)."""
     u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)

@@ -77,60 +77,86 @@ def _sample_uniform(rng, size, buf, idx, out, nsteps_col, gamma, discounts):
 
 
 # -- sum-tree: tree[1] is the root, leaves at tree[cap2 + i] ------------------------------
+# Every node above the leaves holds the sum of its two children, as tree_rebuild computes
+# it from the leaves, whatever sequence of adds and updates came before: each change sums
+# the changed nodes' ancestors again from their children rather than adding a difference
+# up the tree. So a subtree of zero priorities sums to exactly 0 (added differences left
+# rounding residue above them, which a descent could follow), the sums do not drift over
+# a long run, and a range of new leaves sums its few shared ancestors once each.
+
+
+@njit(cache=True)
+def tree_rebuild(tree, cap2):
+    """Every node above the leaves as the sum of its two children, bottom up."""
+    for j in range(cap2 - 1, 0, -1):
+        tree[j] = tree[2 * j] + tree[2 * j + 1]
+
 
 @njit(cache=True)
 def tree_set(tree, cap2, idx, values):
-    """Leaves idx[k] set to values[k], one after another, each change added up the tree.
-    The one-at-a-time form that _set_priorities (the replay's updates) must match bit for
-    bit; the tests hold it to that."""
+    """Leaves idx[k] set to values[k], one after another, each one's ancestors then summed
+    again from their children. The one-at-a-time form that _set_priorities (the replay's
+    updates) and _fill_ring (its adds) are tested against, bit for bit."""
     for k in range(idx.shape[0]):
         j = idx[k] + cap2
-        delta = values[k] - tree[j]
+        tree[j] = values[k]
+        j //= 2
         while j >= 1:
-            tree[j] += delta
+            tree[j] = tree[2 * j] + tree[2 * j + 1]
             j //= 2
 
 
 @njit(cache=True)
-def _set_priorities(tree, cap2, indices, td_errors, eps, alpha, node, delta):
-    """tree_set(tree, cap2, indices, (|td| + eps) ** alpha), the same sums in the same
-    order, with the ascents run level by level side by side (node, delta: scratch of
-    len(indices)) so that one level's loads do not wait on each other. A leaf listed twice
-    ends with its last priority, as in tree_set: the leaves are set one after another,
-    and each node above adds its descendants' changes in the order they are listed.
-    Returns the largest |td| + eps. 64 on a 1M-leaf tree, in process against the method
-    before (numpy temporaries, tree_set; runs/perf34/priorities_ab.py, 9 alternating
-    rounds, two runs): 1.75x, 1.84x (1.06x, 1.12x with the powers in the leaves' loop)."""
+def _set_priorities(tree, cap2, indices, td_errors, eps, alpha, node, value):
+    """tree_set(tree, cap2, indices, (|td| + eps) ** alpha) with the ascents run level by
+    level side by side (node, value: scratch of len(indices)), so that one level's loads
+    do not wait on each other: the leaves are set in order (a leaf listed twice ends with
+    its last priority), then each level's listed nodes are summed from their children,
+    which are final by then. Returns the largest |td| + eps. (With added differences
+    instead of sums, 64 on a 1M-leaf tree ran 1.75x / 1.84x the method before it in
+    process, runs/perf34/priorities_ab.py.)"""
     top = 0.0
     for k in range(indices.shape[0]):  # the powers first: a libm call between loads holds them back
         p = np.float64(abs(td_errors[k])) + eps
         if p > top:
             top = p
-        delta[k] = p ** alpha
+        value[k] = p ** alpha
     for k in range(indices.shape[0]):
         j = indices[k] + cap2
-        d = delta[k] - tree[j]
-        tree[j] += d
+        tree[j] = value[k]
         node[k] = j // 2
-        delta[k] = d
     width = 1
     while width < cap2:  # every leaf is at the same depth: log2(cap2) levels above them
         width *= 2
         for k in range(indices.shape[0]):
-            tree[node[k]] += delta[k]
-            node[k] //= 2
+            j = node[k]
+            tree[j] = tree[2 * j] + tree[2 * j + 1]
+            node[k] = j // 2
     return top
 
 
 @njit(cache=True)
-def tree_fill_ring(tree, cap2, start, count, capacity, value):
-    """Set leaves start, start+1, ... (count of them, wrapping at capacity) to value."""
-    for k in range(count):
-        j = (start + k) % capacity + cap2
-        delta = value - tree[j]
-        while j >= 1:
-            tree[j] += delta
-            j //= 2
+def _fill_run(tree, cap2, lo, count, value):
+    """Leaves lo .. lo + count - 1 set to value, then their ancestors summed again, a level's
+    run of them at a time (count leaves share count / 2 parents, count / 4 grandparents...)."""
+    for i in range(lo, lo + count):
+        tree[cap2 + i] = value
+    a, b = (cap2 + lo) // 2, (cap2 + lo + count - 1) // 2
+    while a >= 1:
+        for j in range(a, b + 1):
+            tree[j] = tree[2 * j] + tree[2 * j + 1]
+        a //= 2
+        b //= 2
+
+
+@njit(cache=True)
+def _fill_ring(tree, cap2, start, count, capacity, value):
+    """Leaves start, start + 1, ... (count of them, wrapping at capacity) set to value: the
+    same tree as tree_set on them one at a time, in one or two runs."""
+    first = min(count, capacity - start)
+    _fill_run(tree, cap2, start, first, value)
+    if count > first:
+        _fill_run(tree, cap2, 0, count - first, value)
 
 
 @njit(cache=True)
@@ -254,7 +280,7 @@ class ReplayBuffer:
             self.records[pos:] = records[:first]
             self.records[:count - first] = records[first:count]
         if self.prioritized:  # new transitions get the highest priority seen so far
-            tree_fill_ring(self.tree, self.cap2, pos, count, cap, self.max_priority ** self.alpha)
+            _fill_ring(self.tree, self.cap2, pos, count, cap, self.max_priority ** self.alpha)
         self.pos = end % cap
         self.size = min(self.size + count, cap)
 
@@ -300,7 +326,11 @@ class ReplayBuffer:
         if self.prioritized:
             if "replay_tree" not in data:
                 raise ValueError("saved replay buffer has no priorities but prioritized replay is on")
-            self.tree[:] = data["replay_tree"]
+            tree = data["replay_tree"]
+            if tree.shape != self.tree.shape:
+                raise ValueError(f"saved replay priorities have shape {tree.shape}, expected {self.tree.shape}")
+            self.tree[:] = tree
+            tree_rebuild(self.tree, self.cap2)  # the sums from the leaves (files before stop 42 added differences)
             self.max_priority = float(data["replay_max_priority"][0])
 
     def save(self, path):

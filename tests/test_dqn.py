@@ -14,7 +14,7 @@ from cubedqn.env import VecEnv, draw_explorers, greedy_actions, select_actions
 from cubedqn.encoding import Encoder, Policy, q_to_world
 from cubedqn.learner import Learner, all_action_targets, row_max, sampled_targets
 from cubedqn.nn import ALIGN, MLP, Layout
-from cubedqn.replay import Batch, ReplayBuffer, tree_fill_ring, tree_find, tree_set
+from cubedqn.replay import Batch, ReplayBuffer, _fill_ring, tree_find, tree_rebuild, tree_set
 from cubedqn.rng import make_rng
 from ahead_stand_in import AheadStandIn
 from blas_rows import same
@@ -166,6 +166,71 @@ def test_priority_updates_set_the_tree_as_tree_set_does(capacity):
         assert np.array_equal(buf.tree, tree) and buf.max_priority == top
 
 
+@pytest.mark.parametrize("capacity", [1, 13, 64, 1000])
+def test_sum_tree_holds_the_sums_of_its_leaves(capacity):
+    """After any mix of adds (wrapping ones and whole-capacity ones included) and priority
+    updates, every node of the replay's sum-tree is, bit for bit, the pairwise sum of its
+    children as the numpy reference builds it from the leaves, and the same tree as
+    tree_set one leaf at a time gives."""
+    rng = np.random.default_rng(capacity)
+    buf = ReplayBuffer(capacity, 24, gamma=0.9, prioritized=True)
+    one_at_a_time = buf.tree.copy()
+    for step in range(40):
+        if step % 3 != 2:
+            count = int(rng.integers(0, capacity + 1)) if step % 7 else capacity
+            start = buf.pos
+            buf.add(rng.integers(0, 6, (count, buf.layout.width)).astype(np.uint8))
+            slots = (start + np.arange(count)) % capacity
+            tree_set(one_at_a_time, buf.cap2, slots, np.full(count, buf.max_priority ** buf.alpha))
+        else:
+            n = int(rng.integers(1, 70))
+            idx = rng.integers(0, max(buf.size, 1), n)
+            td = rng.normal(0, 3, n).astype(np.float32)
+            buf.update_priorities(idx, td)
+            tree_set(one_at_a_time, buf.cap2, idx, (np.abs(td).astype(np.float64) + buf.eps) ** buf.alpha)
+        leaves = buf.tree[buf.cap2:buf.cap2 + capacity]
+        assert np.array_equal(buf.tree[1:], ref.sum_tree(leaves, buf.cap2)[1:])
+        assert np.array_equal(buf.tree, one_at_a_time)
+
+
+def test_sum_tree_of_zero_leaves_sums_to_zero():
+    """A subtree whose leaves go back to zero sums to exactly zero (a difference added up
+    the tree would leave rounding residue there for a descent to follow), and the
+    prioritized sampler never picks a zero-priority slot."""
+    rng = np.random.default_rng(5)
+    buf = ReplayBuffer(64, 24, gamma=0.9, prioritized=True)
+    fill(buf, 64, rng)
+    tree_set(buf.tree, buf.cap2, np.arange(64), rng.uniform(0.1, 1.0, 64) * 1e3)
+    tree_set(buf.tree, buf.cap2, np.arange(8, 16), rng.uniform(0.1, 1.0, 8) * 1e-9)
+    tree_set(buf.tree, buf.cap2, np.arange(8, 16), np.zeros(8))
+    assert buf.tree[(buf.cap2 + 8) // 8] == 0.0  # the node above leaves 8..15
+    batch, state = Batch(64, 24, np.float32), make_rng(2)
+    for _ in range(200):
+        buf.sample(state, batch, beta=0.4)
+        assert not np.any((batch.indices >= 8) & (batch.indices < 16))
+
+
+def test_loading_a_replay_buffer_sums_its_tree_again():
+    """A saved tree whose inner nodes are off (files before stop 42 added differences up
+    the tree) loads as the sums of its leaves; a tree of the wrong size is refused."""
+    rng = np.random.default_rng(6)
+    buf = ReplayBuffer(100, 24, gamma=0.9, prioritized=True)
+    fill(buf, 100, rng)
+    buf.update_priorities(np.arange(100), rng.normal(0, 1, 100).astype(np.float32))
+    data = {k: v.copy() for k, v in buf.arrays().items()}
+    data["replay_tree"][1:buf.cap2] *= 1 + 1e-12  # rounding residue in the inner nodes
+    other = ReplayBuffer(100, 24, gamma=0.9, prioritized=True)
+    other.load_arrays(data)
+    assert np.array_equal(other.tree, buf.tree)
+    data["replay_tree"] = data["replay_tree"][:-2]
+    with pytest.raises(ValueError, match="replay priorities have shape"):
+        ReplayBuffer(100, 24, gamma=0.9, prioritized=True).load_arrays(data)
+    tree = buf.tree.copy()
+    tree[1:buf.cap2] = 0.0
+    tree_rebuild(tree, buf.cap2)
+    assert np.array_equal(tree, buf.tree)
+
+
 def test_sum_tree_matches_numpy_prefix_sums():
     rng = np.random.default_rng(0)
     cap2 = 16
@@ -180,7 +245,7 @@ def test_sum_tree_matches_numpy_prefix_sums():
     pri[3] = 0
     assert tree[1] == pytest.approx(pri.sum())
     # a ring range that wraps: leaves 11, 12, 0, 1 of a 13-slot buffer
-    tree_fill_ring(tree, cap2, 11, 4, 13, 0.5)
+    _fill_ring(tree, cap2, 11, 4, 13, 0.5)
     pri[[11, 12, 0, 1]] = 0.5
     np.testing.assert_allclose(tree[cap2:cap2 + 13], pri)
     assert tree[1] == pytest.approx(pri.sum())
