@@ -184,8 +184,10 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass):
     that one level's n loads do not wait on each other: below the levels that stay in
     cache each load is a miss, and one descent at a time took them one after another.
     64 draws from a 1M-leaf tree, in process against one descent at a time (runs/perf34/
-    per_ab.py, 9 alternating rounds, two runs): 1.57x, 1.59x (without branches in the
-    level loop: 1.50x, 1.60x, not kept)."""
+    per_ab.py, 9 alternating rounds, two runs): 1.57x, 1.59x. The level step has no branch:
+    against it with one (runs/perf35/per_sample_ab.py, 9 alternating rounds, two runs) the
+    draws ran 1.51x / 1.55x on a 50,000-leaf tree (the 2x2x2 presets' buffer, in cache), and
+    1.14x / 1.09x on 1M leaves, where the misses below the cached levels dominate."""
     total = tree[1]
     n = out.shape[0]
     seg = total / n
@@ -196,12 +198,13 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass):
     while width < cap2:
         width *= 2
         for k in range(n):
+            # tree_find's step without a branch: which way a draw goes is a coin toss, and
+            # a mispredicted branch threw away the loads issued after it
             left = 2 * out[k]
-            if mass[k] < tree[left] or tree[left + 1] <= 0.0:
-                out[k] = left
-            else:
-                mass[k] -= tree[left]
-                out[k] = left + 1
+            m, tl = mass[k], tree[left]
+            right = np.int64((m >= tl) & (tree[left + 1] > 0.0))
+            mass[k] = m - tl * np.float64(right)  # m - 0.0 going left: the same bits as no subtraction
+            out[k] = left + right
     wmax = 0.0
     for k in range(n):
         i = out[k] - cap2
