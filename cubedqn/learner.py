@@ -72,6 +72,10 @@ class PhaseTimer:
     arguments in and the result out; the per-part path's Python is inside each part's
     time), and "accumulate" (adding micro-batch gradients when grad_accum > 1). LOMO's
     backward, which updates layer by layer, is not split.
+
+    Sources: a learner on the fused step keeps its parts' sums itself (the kernel adds
+    them up) and books them here only when `total` or `parts` is read (attach / flush):
+    booking each step's nine parts in Python cost 12-15 us of a small training step.
     """
 
     PHASES = ("env", "act", "replay add", "sample", "forward", "backward", "optimizer",
@@ -80,14 +84,44 @@ class PhaseTimer:
              "backward": ("GEMM layers", "first layer", "accumulate")}
 
     def __init__(self):
+        self._sources = []  # drain(timer, book): book (or, book False, drop) what a source holds
         self.reset()
 
     def reset(self):
-        self.total = dict.fromkeys(self.PHASES, 0.0)
-        self.parts = {phase: dict.fromkeys(names, 0.0) for phase, names in self.PARTS.items()}
+        for drain in self._sources:
+            drain(self, False)
+        self._total = dict.fromkeys(self.PHASES, 0.0)
+        self._parts = {phase: dict.fromkeys(names, 0.0) for phase, names in self.PARTS.items()}
 
     def add(self, phase, seconds):
-        self.total[phase] += seconds
+        self._total[phase] += seconds
+
+    def attach(self, drain):
+        """Book what `drain` holds whenever the totals are read (from now on)."""
+        if drain not in self._sources:
+            self._sources.append(drain)
+
+    def detach(self, drain):
+        """Book what `drain` holds now and no more from it."""
+        if drain in self._sources:
+            drain(self, True)
+            self._sources.remove(drain)
+
+    def flush(self):
+        for drain in self._sources:
+            drain(self, True)
+
+    @property
+    def total(self):
+        """Seconds per phase (a dict, PHASES' order)."""
+        self.flush()
+        return self._total
+
+    @property
+    def parts(self):
+        """Seconds per part of the forward and backward phases (dicts, PARTS' order)."""
+        self.flush()
+        return self._parts
 
 
 class Laps:
@@ -132,6 +166,10 @@ def sampled_targets(q_next_online, q_next_target, rewards, dones, discounts, dou
 FUSED_PARTS = (("forward", "encode"), ("forward", "first layer"), ("forward", "GEMM layers"),
                ("forward", "first layer"), ("forward", "GEMM layers"), ("forward", "targets and loss"),
                ("backward", "GEMM layers"), ("backward", "first layer"), ("optimizer", None))
+# The stamps array: the N_PARTS + 1 stamps of the last step, then each part's nanoseconds
+# summed over the steps since the learner last booked them (Learner._drain_parts), then
+# the clock's scratch.
+N_PARTS = len(FUSED_PARTS)
 
 
 @njit(cache=True, nogil=True)
@@ -167,7 +205,8 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     """One gradient step on a batch of B transitions (b_* are the batch's fields, (B, S)
     states, (B,) the rest): encode s and s', target forward on s', online forward on s (and
     s' for double), targets and loss, backward, clipped update. Returns (loss, gradient
-    norm before clipping); stamps[0..9] get the clock at the start and after each part."""
+    norm before clipping); stamps[0..9] get the clock at the start and after each part, and
+    stamps[10..18] add up each part's nanoseconds."""
     n = states.shape[0]
     # Constant arguments go in as np.int64 / np.bool_: numba compiles a callee once per
     # literal value it is called with (stamp(stamps, 0) .. stamp(stamps, 9) were ten
@@ -200,6 +239,8 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     norm = clipped_step(kind, clip, max_norm, params, grads, m_state, v_state, slices, lr, mu, b1, b2, eps, bc1,
                         bc2, wd, opt_ctx)
     stamp(stamps, np.int64(9))
+    for k in range(N_PARTS):
+        stamps[N_PARTS + 1 + k] += stamps[k + 1] - stamps[k]
     return loss, norm
 
 
@@ -396,7 +437,10 @@ class Learner:
             fused = FUSED and layout.flops_gemm_forward(batch_size) <= FUSED_MAX_GEMM_FLOPS
         self.fused = bool(fused) and targets != "all-actions" and grad_accum == 1 \
             and not lomo and not sparse_update and encoder.rotation_only
-        self.stamps = np.zeros(len(FUSED_PARTS) + 1 + 2, np.int64)  # + the clock's scratch
+        self.stamps = np.zeros(2 * N_PARTS + 1 + 2, np.int64)  # stamps, sums, the clock's scratch
+        self._call_s = 0.0      # the fused calls' wall time since their parts were last booked
+        self._booked_to = None  # the PhaseTimer those sums go to (attached to it)
+        self._fused_args = (None, None, ())  # (batch, use_weights, the call's arguments before the optimizer's)
         self.updates = 0
         self.last_loss = 0.0
 
@@ -481,44 +525,73 @@ class Learner:
         self._update()
 
     def _train_step_fused(self, batch, timer, use_weights):
-        """train_step as one kernel call (fused_sampled_step); the timer gets the parts the
-        kernel stamped, and the Python around the call as the forward's "kernel call"."""
+        """train_step as one kernel call (fused_sampled_step). The kernel sums its parts'
+        times into self.stamps; they, and the Python around the call as the forward's
+        "kernel call", reach the timer when it is read (_drain_parts)."""
         t0 = time.perf_counter()
-        on, tg, ws, wt, enc, opt = self.online, self.target, self.ws, self.ws_t, self.encoder, self.opt
+        if timer is not self._booked_to:
+            self._book_to(timer)
+        opt = self.opt
         opt.begin_step()
-        loss, norm = fused_sampled_step(
-            batch.states, batch.next_states, batch.actions, batch.rewards, batch.dones, batch.discounts,
-            batch.weights if use_weights else self.ones,
-            enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap, enc.sticker_order,
-            enc.act_map,
-            self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
-            on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
-            tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
-            self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size, self.loss_kind,
-            self.gWs, self.gbs, *opt.step_args(on.params, self.grads), self.stamps)
+        loss, norm = fused_sampled_step(*self._fused_head(batch, use_weights),
+                                        *opt.step_args(self.online.params, self.grads), self.stamps)
         opt.last_norm = float(norm)
         self.updates += 1
         t2 = time.perf_counter()
-        if timer:
-            # Python ints: arithmetic on numpy scalars made this loop cost 23 us a step
-            st = self.stamps.tolist()
-            parts, total = timer.parts, timer.total
-            # the call's way in and out (14 of a 481 us small step, where the encoding inside
-            # took 1.5: docs/performance-log.md, stop 29) is a part of its own
-            call = max(0.0, (t2 - t0) - (st[len(FUSED_PARTS)] - st[0]) * 1e-9)
-            total["forward"] += call
-            parts["forward"]["kernel call"] += call
-            for k, (phase, part) in enumerate(FUSED_PARTS):
-                dt = (st[k + 1] - st[k]) * 1e-9
-                total[phase] += dt
-                if part is not None:
-                    parts[phase][part] += dt
-            t3 = time.perf_counter()  # this booking goes to the last part, as the per-part path's last lap
-            total["optimizer"] += t3 - t2
-            t2 = t3
+        self._call_s += t2 - t0
         self.maybe_update_target(timer, t2)
         self.last_loss = loss
         return loss
+
+    def _fused_head(self, batch, use_weights):
+        """fused_sampled_step's arguments before the optimizer's: the same objects every
+        step for a batch (its arrays are reused), so they are gathered once per batch
+        object (looking up its 47 arrays every step cost 6-8 us of a small training step)."""
+        last_batch, last_weights, head = self._fused_args
+        if batch is last_batch and use_weights == last_weights:
+            return head
+        on, tg, ws, wt, enc = self.online, self.target, self.ws, self.ws_t, self.encoder
+        head = (batch.states, batch.next_states, batch.actions, batch.rewards, batch.dones, batch.discounts,
+                batch.weights if use_weights else self.ones,
+                enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap,
+                enc.sticker_order, enc.act_map,
+                self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
+                on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
+                tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
+                self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size,
+                self.loss_kind, self.gWs, self.gbs)
+        self._fused_args = (batch, use_weights, head)
+        return head
+
+    def _book_to(self, timer):
+        """The fused step's part sums go to `timer` from now on (None: nowhere): what the
+        previous timer is owed is booked to it, what steps without a timer summed is dropped."""
+        if self._booked_to is not None:
+            self._booked_to.detach(self._drain_parts)
+        self._drain_parts(None, False)
+        self._booked_to = timer
+        if timer is not None:
+            timer.attach(self._drain_parts)
+
+    def _drain_parts(self, timer, book):
+        """Book the fused steps' part sums (and their calls' Python, as "kernel call") into
+        timer (book True), and start the sums again from zero."""
+        sums = self.stamps[N_PARTS + 1:2 * N_PARTS + 1]
+        if book:
+            ns = sums.tolist()
+            total, parts = timer._total, timer._parts
+            # the call's way in and out (14 of a 481 us small step, where the encoding inside
+            # took 1.5: docs/performance-log.md, stop 29) is a part of its own
+            call = max(0.0, self._call_s - sum(ns) * 1e-9)
+            total["forward"] += call
+            parts["forward"]["kernel call"] += call
+            for k, (phase, part) in enumerate(FUSED_PARTS):
+                dt = ns[k] * 1e-9
+                total[phase] += dt
+                if part is not None:
+                    parts[phase][part] += dt
+        sums[:] = 0
+        self._call_s = 0.0
 
     def _forward_loss(self, batch, sl, weights, scale, laps=None):
         """Targets and loss for rows sl of the batch; leaves dLoss/dhead in ws.deltas[-1].

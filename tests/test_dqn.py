@@ -533,6 +533,64 @@ def test_fused_step_equals_the_per_part_step_bitwise(case):
     assert np.all(np.diff(f.stamps[:10]) >= 0)
 
 
+def fused_pair(n=8):
+    moves = np.ascontiguousarray(P2.moves[:12])
+    pair = []
+    for fused in (True, False):
+        enc = Encoder(P2, 12, canonical=True, sparse=True)
+        layout = Layout(enc.in_dim, enc.n_active, (16, 8), 12)
+        pair.append(Learner(layout, moves, n, enc, targets="double", dtype=np.float64, seed=3, optimizer="momentum",
+                            lr=0.05, fused=fused, target_update_interval=2))
+    assert pair[0].fused and not pair[1].fused
+    return pair
+
+
+def test_fused_step_reuses_its_arguments_for_the_same_batch():
+    """The one-call step gathers its arguments once per batch object: one Batch refilled
+    every step, PER weights on and off in turn, and then a second Batch, give the per-part
+    path's bits throughout."""
+    f, p = fused_pair()
+    batches = [a_batch(8, seed=0), a_batch(8, seed=1)]
+    for k in range(6):
+        b = batches[k // 4]
+        fresh = a_batch(8, seed=10 + k)
+        for name in ("states", "next_states", "actions", "rewards", "dones", "discounts"):
+            getattr(b, name)[:] = getattr(fresh, name)
+        b.weights[:] = np.random.default_rng(k).random(8)
+        per = k % 2 == 1
+        assert f.train_step(b, use_weights=per) == p.train_step(b, use_weights=per)
+        assert np.array_equal(f.td, p.td) and np.array_equal(f.online.params, p.online.params)
+        assert np.array_equal(f.opt.m, p.opt.m) and np.array_equal(f.target.params, p.target.params)
+
+
+def test_fused_parts_are_booked_to_the_timer_they_ran_under():
+    """The kernel sums its parts' times; a timer gets the sums of the steps run under it
+    when it is read, whichever timers (or none) other steps ran under in between, and a
+    reset drops what it has not yet shown."""
+    from cubedqn.learner import FUSED_PARTS, PhaseTimer
+    f, _ = fused_pair()
+    a, b = PhaseTimer(), PhaseTimer()
+    want = {id(a): np.zeros(len(FUSED_PARTS)), id(b): np.zeros(len(FUSED_PARTS))}
+    for k, timer in enumerate((a, None, a, b, None, None, a, a)):
+        f.train_step(a_batch(8, seed=k), timer)
+        if timer is not None:
+            want[id(timer)] += np.diff(f.stamps[:len(FUSED_PARTS) + 1]) * 1e-9
+        if k == 2:
+            assert a.total["forward"] > 0  # read between steps: booked so far, nothing twice
+    for timer in (a, b):
+        w = want[id(timer)]
+        backward = sum(w[k] for k, (phase, _) in enumerate(FUSED_PARTS) if phase == "backward")
+        assert timer.total["backward"] == pytest.approx(backward, rel=1e-9)
+        assert timer.total["optimizer"] == pytest.approx(w[-1], rel=1e-9)
+        gemm = sum(w[k] for k, part in enumerate(FUSED_PARTS) if part == ("forward", "GEMM layers"))
+        assert timer.parts["forward"]["GEMM layers"] == pytest.approx(gemm, rel=1e-9)
+        assert timer.parts["forward"]["kernel call"] > 0
+        assert timer.total["forward"] == pytest.approx(sum(timer.parts["forward"].values()), rel=1e-12)
+    f.train_step(a_batch(8, seed=9), a)
+    a.reset()
+    assert sum(a.total.values()) == 0 and sum(a.parts["forward"].values()) == 0
+
+
 @pytest.mark.parametrize("kw,enc_kw", [(dict(targets="all-actions"), {}), (dict(grad_accum=2), {}),
                                        (dict(lomo=True), {}), (dict(sparse_update=True), {}),
                                        ({}, dict(symmetry=48)), ({}, dict(inputs="cubies")), (dict(fused=False), {})])
