@@ -161,6 +161,9 @@ class ChildCodes:
         self.all_actions = np.arange(encoder.n_actions, dtype=np.int64)
         self.n_rep = n_rep = len(self.reps)
         self.rep_moves = np.ascontiguousarray(moves[encoder.child_reps])
+        # read-only like the puzzle's moves that search passes to expand_children: a writeable
+        # array is another numba type, and the kernel was compiled twice in a cold start
+        self.rep_moves.setflags(write=False)
         n_s = moves.shape[1]
         self.table_key = np.full((sets, 2), EMPTY, np.uint64)
         self.victim = np.zeros(sets, np.uint8)

@@ -387,6 +387,9 @@ class Learner:
         self.ws = self.online.workspace(online_rows, encoder.input_groups)
         self.n_rep = len(encoder.child_reps)
         self.rep_moves = np.ascontiguousarray(moves[encoder.child_reps])
+        # read-only like the puzzle's moves that search passes to expand_children: a writeable
+        # array is another numba type, and the kernel was compiled twice in a cold start
+        self.rep_moves.setflags(write=False)
         target_rows = micro * self.n_rep if targets == "all-actions" else micro
         self.ws_t = self.target.workspace(target_rows, encoder.input_groups)
         self.y = np.zeros(micro, self.dtype)

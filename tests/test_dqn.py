@@ -1267,6 +1267,9 @@ for m in pkgutil.walk_packages(cubedqn.__path__, "cubedqn."):
         for name, obj in vars(importlib.import_module(m.name)).items():
             if isinstance(obj, CPUDispatcher) and obj.__module__ == m.name:
                 found += [f"{m.name}.{name}{sig}" for sig in obj.signatures if "Literal" in str(sig)]
+                # the same signature but for arrays' read-only flag: one more compile of the kernel
+                flat = [str(sig).replace(", True, aligned", ", False, aligned") for sig in obj.signatures]
+                found += [f"{m.name}.{name}: read-only and writeable {s}" for s in set(flat) if flat.count(s) > 1]
 print("\\n".join(found) or "none")
 """
 
@@ -1274,9 +1277,10 @@ print("\\n".join(found) or "none")
 def test_no_kernel_is_compiled_for_a_literal_argument(tmp_path):
     """numba compiles an njit function once per literal value a kernel calls it with
     (stamp(stamps, 0) .. stamp(stamps, 9): ten compiles, seconds of a cold start), so
-    constants go in as np.int64 / np.bool_. A fresh cache, so that every callee compiles
-    in this process and shows its signatures: a fused (double) and a per-part
-    (all-actions, per-layer clipping) training run."""
+    constants go in as np.int64 / np.bool_; and once more for an array that is read-only
+    where another call's is not (expand_children's moves). A fresh cache, so that every
+    callee compiles in this process and shows its signatures: a fused (double) and a
+    per-part (all-actions, per-layer clipping) training run."""
     import os
     import subprocess
     import sys
