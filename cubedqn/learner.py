@@ -84,12 +84,12 @@ class PhaseTimer:
              "backward": ("GEMM layers", "first layer", "accumulate")}
 
     def __init__(self):
-        self._sources = []  # drain(timer, book): book (or, book False, drop) what a source holds
+        self._sources = []  # drain(total, parts): add what a source holds to these dicts (None: drop it)
         self.reset()
 
     def reset(self):
         for drain in self._sources:
-            drain(self, False)
+            drain(None, None)
         self._total = dict.fromkeys(self.PHASES, 0.0)
         self._parts = {phase: dict.fromkeys(names, 0.0) for phase, names in self.PARTS.items()}
 
@@ -104,12 +104,12 @@ class PhaseTimer:
     def detach(self, drain):
         """Book what `drain` holds now and no more from it."""
         if drain in self._sources:
-            drain(self, True)
+            drain(self._total, self._parts)
             self._sources.remove(drain)
 
     def flush(self):
         for drain in self._sources:
-            drain(self, True)
+            drain(self._total, self._parts)
 
     @property
     def total(self):
@@ -571,18 +571,17 @@ class Learner:
         previous timer is owed is booked to it, what steps without a timer summed is dropped."""
         if self._booked_to is not None:
             self._booked_to.detach(self._drain_parts)
-        self._drain_parts(None, False)
+        self._drain_parts(None, None)
         self._booked_to = timer
         if timer is not None:
             timer.attach(self._drain_parts)
 
-    def _drain_parts(self, timer, book):
-        """Book the fused steps' part sums (and their calls' Python, as "kernel call") into
-        timer (book True), and start the sums again from zero."""
+    def _drain_parts(self, total, parts):
+        """Add the fused steps' part sums (and their calls' Python, as "kernel call") to a
+        PhaseTimer's total and parts dicts (None: drop them), and start the sums again."""
         sums = self.stamps[N_PARTS + 1:2 * N_PARTS + 1]
-        if book:
+        if total is not None:
             ns = sums.tolist()
-            total, parts = timer._total, timer._parts
             # the call's way in and out (14 of a 481 us small step, where the encoding inside
             # took 1.5: docs/performance-log.md, stop 29) is a part of its own
             call = max(0.0, self._call_s - sum(ns) * 1e-9)
