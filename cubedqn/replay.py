@@ -86,10 +86,21 @@ def _sample_uniform(rng, size, buf, idx, out, nsteps_col, gamma, discounts):
 
 
 @njit(cache=True)
+def _sum_up(tree, a, b):
+    """Every ancestor of the nodes a .. b (a run on one level) summed again from its two
+    children, a level at a time: the run's parents a // 2 .. b // 2, then theirs, to the root."""
+    a, b = a // 2, b // 2
+    while a >= 1:
+        for j in range(a, b + 1):
+            tree[j] = tree[2 * j] + tree[2 * j + 1]
+        a //= 2
+        b //= 2
+
+
+@njit(cache=True)
 def tree_rebuild(tree, cap2):
     """Every node above the leaves as the sum of its two children, bottom up."""
-    for j in range(cap2 - 1, 0, -1):
-        tree[j] = tree[2 * j] + tree[2 * j + 1]
+    _sum_up(tree, cap2, 2 * cap2 - 1)
 
 
 @njit(cache=True)
@@ -141,12 +152,7 @@ def _fill_run(tree, cap2, lo, count, value):
     run of them at a time (count leaves share count / 2 parents, count / 4 grandparents...)."""
     for i in range(lo, lo + count):
         tree[cap2 + i] = value
-    a, b = (cap2 + lo) // 2, (cap2 + lo + count - 1) // 2
-    while a >= 1:
-        for j in range(a, b + 1):
-            tree[j] = tree[2 * j] + tree[2 * j + 1]
-        a //= 2
-        b //= 2
+    _sum_up(tree, cap2 + lo, cap2 + lo + count - 1)
 
 
 @njit(cache=True)
