@@ -197,7 +197,7 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, duelin
 def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights,
                        framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map,
                        states, nxt, rot, rot_next, actions_c,
-                       sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel, groups,
+                       sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel, groups, head_t,
                        Wts, bts, idx_t, x_t, acts_t, q_t, panel_t, groups_t,
                        double, dueling, y, td, scale, loss_kind, gWs, gbs,
                        kind, clip, max_norm, params, grads, m_state, v_state, slices,
@@ -232,7 +232,8 @@ def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discou
     if dueling:
         dueling_backward(dq[:n], deltas[-1][:n])
     stamp(stamps, np.int64(6))
-    mlp_backward_upper(Ws, acts, deltas, gWs, gbs, n)
+    # the head's backward from the taken actions alone (dq is zero elsewhere) unless dueling
+    mlp_backward_upper(Ws, acts, deltas, gWs, gbs, n, actions_c[:0] if dueling else actions_c[:n], head_t)
     stamp(stamps, np.int64(7))
     mlp_backward_first(idx, x, sparse, Ws, deltas, gWs, gbs, n, panel)
     stamp(stamps, np.int64(8))
@@ -423,6 +424,9 @@ class Learner:
         self.rot = np.zeros(micro, np.int64)            # rotation of each sampled state
         self.rot_scratch = np.zeros(target_rows, np.int64)
         self.actions_c = np.zeros(micro, np.int64)      # taken actions in the canonical frame
+        # where the loss's dq rows are zero but at the taken action (sampled targets, no
+        # dueling head), the backward takes the head's gradient from them (mlp_backward_upper)
+        self.head_taken = self.actions_c if targets != "all-actions" and not layout.dueling else self.actions_c[:0]
         self.Yc = np.zeros((micro, self.n_actions), self.dtype)
         # lazy first-layer update: the rows of W1 the batch touched and their gradients
         # (see nn.sparse_backward_compact)
@@ -497,7 +501,7 @@ class Learner:
         into the gradient buffers (first: the step's own; else the accumulation's)."""
         on, ws = self.online, self.ws
         gW, gb = (self.gWs, self.gbs) if first else (self.tWs, self.tbs)
-        mlp_backward_upper(on.Ws, ws.acts, ws.deltas, gW, gb, m)
+        mlp_backward_upper(on.Ws, ws.acts, ws.deltas, gW, gb, m, self.head_taken, ws.head_t)
         laps.lap("GEMM layers")
         if self.sparse_update:
             self.n_touched = sparse_backward_compact(ws.idx[:m], ws.deltas[0][:m], self.grad_rows, gb[0],
@@ -560,7 +564,7 @@ class Learner:
                 enc.sticker_order, enc.act_map,
                 self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
                 on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
-                tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
+                ws.head_t, tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
                 self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size,
                 self.loss_kind, self.gWs, self.gbs)
         self._fused_args = (batch, use_weights, head)

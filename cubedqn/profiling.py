@@ -218,7 +218,14 @@ def step_flops(trainer, children_per_step=None) -> tuple[float, float]:
     """(forward, backward) FLOPs of one gradient step's forward and backward phases."""
     lay, sparse, b = trainer.layout, trainer.cfg.sparse_input, trainer.cfg.batch_size
     on, tg = forward_rows(trainer, children_per_step)
-    return float(lay.flops_forward(on, sparse) + lay.flops_forward(tg, sparse)), float(lay.flops_backward(b, sparse))
+    return (float(lay.flops_forward(on, sparse) + lay.flops_forward(tg, sparse)),
+            float(lay.flops_backward(b, sparse, head=not head_from_taken(trainer))))
+
+
+def head_from_taken(trainer) -> bool:
+    """Whether the learner's backward takes the Q head's gradient from the taken actions
+    alone (nn.head_backward_taken), not by its two GEMMs."""
+    return len(getattr(trainer.learner, "head_taken", ())) > 0
 
 
 def gemm_layers_rate(trainer, parts, children_per_step=None) -> dict:
@@ -230,7 +237,8 @@ def gemm_layers_rate(trainer, parts, children_per_step=None) -> dict:
         return {}
     lay, b = trainer.layout, trainer.cfg.batch_size
     rows = sum(forward_rows(trainer, children_per_step))
-    flops = lay.flops_gemm_forward(rows) + (2 * lay.flops_gemm_forward(b) if b_ms > 0 else 0.0)
+    flops = lay.flops_gemm_forward(rows) + (lay.flops_gemm_backward(b, not head_from_taken(trainer)) if b_ms > 0
+                                            else 0.0)
     return {"gemm_layers_ms": f_ms + b_ms, "gemm_layers_flops": float(flops),
             "gemm_layers_gflops": flops / (f_ms + b_ms) / 1e6}
 

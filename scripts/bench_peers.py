@@ -299,7 +299,8 @@ def jax_step(layout, puzzle, batch, bf16=False, optimizer="momentum"):
 # ---------------------------------------------------------------------------------------
 def step_gemms(layout, batch):
     """The BLAS calls of one cubedqn Double-DQN step (sparse first layer): (a, b, out) triples
-    in the layouts the engine passes them (x.T and W.T are transposed views, as in nn.py)."""
+    in the layouts the engine passes them (x.T and W.T are transposed views, as in nn.py).
+    The Q head's backward is no GEMM there (nn.head_backward_taken), so not here either."""
     rng = np.random.default_rng(0)
     w = layout.widths
     calls = []
@@ -307,6 +308,8 @@ def step_gemms(layout, batch):
         W = rng.standard_normal((w[l], w[l + 1])).astype(np.float32)
         for rows in (2 * batch, batch):  # online on [s; s'], target on s'
             calls.append((rng.random((rows, w[l]), np.float32), W, np.empty((rows, w[l + 1]), np.float32)))
+        if l == layout.n_layers - 1:
+            continue
         x = rng.random((batch, w[l]), np.float32)
         dout = rng.standard_normal((batch, w[l + 1])).astype(np.float32)
         calls.append((x.T, dout, np.empty((w[l], w[l + 1]), np.float32)))  # dW = x.T @ dout

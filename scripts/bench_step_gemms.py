@@ -33,12 +33,12 @@ SHAPES = {"small": ("cube2", (256, 256), 64, 50), "large": ("cube3", (1024, 512)
 
 
 @njit(cache=True)
-def gemm_layers(Ws, bs, Wt, bt, acts, deltas, acts_t, dWs, dbs, m, n):
+def gemm_layers(Ws, bs, Wt, bt, acts, deltas, acts_t, dWs, dbs, taken, head_t, m, n):
     """The step's GEMM-layer calls: target forward on m rows, online forward on 2m, backward on m."""
     for _ in range(n):
         mlp_forward_upper(Wt, bt, acts_t, m)
         mlp_forward_upper(Ws, bs, acts, 2 * m)
-        mlp_backward_upper(Ws, acts, deltas, dWs, dbs, m)
+        mlp_backward_upper(Ws, acts, deltas, dWs, dbs, m, taken, head_t)
 
 
 def main():
@@ -61,7 +61,7 @@ def main():
     b.rewards[:] = -1
     b.discounts[:] = 0.9
     on, tg = lr.online, lr.target
-    kernel_args = (on.Ws, on.bs, tg.Ws, tg.bs, lr.ws.acts, lr.ws.deltas, lr.ws_t.acts, lr.gWs, lr.gbs, batch)
+    kernel_args = (on.Ws, on.bs, tg.Ws, tg.bs, lr.ws.acts, lr.ws.deltas, lr.ws_t.acts, lr.gWs, lr.gbs, lr.head_taken, lr.ws.head_t, batch)
     for _ in range(5):
         lr.train_step(b)
     gemm_layers(*kernel_args, 2)

@@ -519,3 +519,12 @@ def test_profile_flops_count_what_the_learner_computes():
     assert tr.learner.n_rep == 6  # canonical 2x2x2: 6 distinct children per state
     assert fwd == lay.flops_forward(8 * 6) + lay.flops_forward(8)
     assert bwd == lay.flops_backward(8)
+    # sampled targets: the Q head's backward from the taken actions alone (1/A of its
+    # products); with a dueling head, its two GEMMs
+    for dueling, head in ((False, False), (True, True)):
+        tr = Trainer(Config(hidden=(16,), batch_size=8, n_envs=8, learning_starts=16, buffer_size=100,
+                            targets="double", dueling=dueling))
+        lay = tr.layout
+        assert step_flops(tr)[1] == lay.flops_backward(8, head=head)
+        if not dueling:  # 16 -> 12: one product in 12 of the head's
+            assert lay.flops_gemm_backward(8, head=False) == lay.flops_gemm_backward(8) - 4 * 8 * 16 * 11

@@ -5,7 +5,7 @@ import pytest
 
 from cubedqn import reference as ref
 from cubedqn.cube import encode_index, encode_onehot
-from cubedqn.nn import ALIGN, LOSSES, MLP, NO_GROUPS, Layout, aligned_zeros, loss_full, loss_taken, views
+from cubedqn.nn import ALIGN, LOSSES, MLP, NO_GROUPS, NO_TAKEN, Layout, aligned_zeros, loss_full, loss_taken, views
 from cubedqn.optim import Optimizer, sq_norm
 from blas_rows import same
 
@@ -47,7 +47,9 @@ def engine_loss_and_grad(net, states, kind, targets, actions=None, weights=None)
         dueling_backward(ws.dq[:n], ws.deltas[-1][:n])
     grad = np.zeros_like(net.params)
     gW, gb = views(grad, net.layout)
-    mlp_backward_upper(net.Ws, ws.acts, ws.deltas, gW, gb, n)
+    # the head's backward from the taken actions where dq is zero elsewhere (as the learner)
+    taken = actions if actions is not None and not net.layout.dueling else NO_TAKEN
+    mlp_backward_upper(net.Ws, ws.acts, ws.deltas, gW, gb, n, taken, ws.head_t)
     mlp_backward_first(ws.idx, ws.x, net.sparse, net.Ws, ws.deltas, gW, gb, n, ws.panel)
     return loss, grad, q.copy()
 
@@ -123,6 +125,43 @@ def test_float32_forward_and_backward_match_reference():
     net64 = MLP(layout, params=net.params.astype(np.float64), dtype=np.float64)
     _, g, _ = engine_loss_and_grad(net64, states, "huber", targets, actions)
     np.testing.assert_allclose(g, g_ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,h,a", [(64, 256, 12), (5, 37, 12), (1, 16, 8), (9, 24, 4), (33, 64, 13)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_head_backward_from_taken_actions_equals_dense_backward(n, h, a, dtype):
+    """The Q head's backward from the taken actions alone gives dense_backward's dW, db and
+    dx for a dq that is zero elsewhere (a zero at a taken action too, post-ReLU inputs
+    with zeros, outputs full of garbage before): the same bits where the tile GEMM takes
+    both products (float32, N >= 8, one BLAS thread), else to rounding; and numpy's."""
+    from cubedqn import blas
+    from cubedqn.nn import dense_backward, head_backward_taken
+    from cubedqn.threads import limit_threads
+    rng = np.random.default_rng(n * 1000 + h)
+    x = np.maximum(rng.standard_normal((n, h)), 0).astype(dtype)
+    W = rng.standard_normal((h, a)).astype(dtype)
+    taken = rng.integers(0, a, n).astype(np.int64)
+    dq = np.zeros((n, a), dtype)
+    dq[np.arange(n), taken] = rng.standard_normal(n) * 0.1
+    dq[n // 2, taken[n // 2]] = 0
+    outs = []
+    with limit_threads(1):
+        for fast in (False, True):
+            dW, db, dx = np.full((h, a), 7, dtype), np.full(a, 7, dtype), np.full((n, h), 7, dtype)
+            if fast:
+                head_backward_taken(x, dq, taken, W, dW, db, dx, np.full((2, a, h), 5, dtype))
+            else:
+                dense_backward(x, dq, W, dW, db, dx, True)
+            outs.append((dW, db, dx))
+    bitwise = dtype == np.float32 and blas.TILE and min(a, h) >= 8
+    for dense, fast in zip(*outs):
+        if bitwise:
+            assert np.array_equal(dense, fast)
+        np.testing.assert_allclose(fast, dense, rtol=1e-5, atol=1e-6)
+    x64, dq64 = x.astype(np.float64), dq.astype(np.float64)
+    refs = (x64.T @ dq64, dq64.sum(axis=0), (dq64 @ W.astype(np.float64).T) * (x64 > 0))
+    for fast, want in zip(outs[1], refs):
+        np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-6)
 
 
 def test_q_values_chunks_equal_one_pass():
@@ -557,7 +596,7 @@ def test_network_uses_panels_where_they_pay_and_agrees_with_row_gather():
         ws.deltas[-1][:] = dq
         grad = np.zeros_like(net.params)
         gW, gb = views(grad, cube3)
-        mlp_backward_upper(net.Ws, ws.acts, ws.deltas, gW, gb, rows)
+        mlp_backward_upper(net.Ws, ws.acts, ws.deltas, gW, gb, rows, NO_TAKEN, ws.head_t)
         mlp_backward_first(ws.idx, ws.x, True, net.Ws, ws.deltas, gW, gb, rows, ws.panel)
         results.append((q, grad))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
