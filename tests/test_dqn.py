@@ -39,8 +39,9 @@ def fill(buf, n, rng):
 @pytest.mark.parametrize("prioritized", [False, True])
 def test_replay_add_matches_a_plain_ring(prioritized):
     """add(records, count) against a slot-by-slot ring: counts below the rows given, adds
-    that end exactly at the capacity and ones that wrap; the sum-tree's leaves of the slots
-    written get the highest priority seen."""
+    that end exactly at the capacity and ones that wrap, C-ordered records (a prioritized
+    add's one-call copy) and not; the sum-tree's leaves of the slots written get the
+    highest priority seen."""
     rng = np.random.default_rng(3)
     buf = ReplayBuffer(50, 24, gamma=0.9, prioritized=prioritized)
     ring, pos, size = np.zeros_like(buf.records), 0, 0
@@ -48,7 +49,7 @@ def test_replay_add_matches_a_plain_ring(prioritized):
         rec = rng.integers(0, 256, (rows, buf.layout.width)).astype(np.uint8)
         if prioritized:
             buf.tree[buf.cap2:buf.cap2 + 50] = 0.0  # so that only this add's slots hold a priority
-        buf.add(rec, count)
+        buf.add(rec if count % 2 == 0 else np.asfortranarray(rec), count)
         slots = [(pos + k) % 50 for k in range(count)]
         for k, j in enumerate(slots):
             ring[j] = rec[k]
@@ -61,6 +62,12 @@ def test_replay_add_matches_a_plain_ring(prioritized):
             assert np.array_equal(leaves, want)
     with pytest.raises(ValueError, match="more transitions at once than the buffer holds"):
         buf.add(np.zeros((51, buf.layout.width), np.uint8))
+    for rec, count in ((np.zeros((5, buf.layout.width + 1), np.uint8), None),  # another width
+                       (np.zeros((5, buf.layout.width), np.uint8), 6)):           # fewer rows than count
+        with pytest.raises(ValueError, match="broadcast|another width"):
+            buf.add(rec, count)
+        with pytest.raises(ValueError, match="broadcast|another width"):
+            buf.add(np.asfortranarray(rec), count)
 
 
 @pytest.mark.parametrize("stickers", [24, 54, 96])  # records of 56, 116 and 200 bytes
