@@ -207,7 +207,8 @@ def _copy_rows_overload(dst, d0, src, s0, n):
 def _add_prioritized(records, src, pos, count, capacity, tree, cap2, value):
     """A prioritized add in one call: src's first count rows into the ring at pos (wrapping
     at capacity), and their leaves set to value (_fill_ring). Numpy's slice copy and a
-    second call took 1.17-1.29x its time (batches of 256 and 64, runs/perf36/add_njit_ab.py)."""
+    second call took 1.13-1.31x its time (batches of 256 and 64, in process,
+    runs/perf36/per_add_call_ab.py)."""
     first = min(count, capacity - pos)
     _copy_rows(records, pos, src, 0, first)
     if count > first:
