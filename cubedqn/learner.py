@@ -40,8 +40,8 @@ from .children import ChildCodes, code_key, key_slot, take_rows
 from .clock import stamp
 from .cube import expand_children, solved_batch
 from .encoding import Encoder, actions_to_canonical, encode_rotated_or_plain, rows_to_canonical
-from .nn import (LOSSES, MLP, Layout, aligned_zeros, dense_backward, dueling_backward, dueling_forward, loss_full,
-                 loss_taken, mlp_backward_first, mlp_backward_upper, mlp_forward_first, mlp_forward_upper,
+from .nn import (LOSSES, MLP, Layout, aligned_zeros, dense_backward, dueling_backward, dueling_forward, layer_views,
+                 loss_full, loss_taken, mlp_backward_first, mlp_backward_upper, mlp_forward_first, mlp_forward_upper,
                  sparse_backward_compact, sparse_backward_panels, views)
 from .optim import Optimizer, add_into, clipped_step, polyak_update
 
@@ -197,17 +197,21 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, duelin
 def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights,
                        framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map,
                        states, nxt, rot, rot_next, actions_c,
-                       sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel, groups, head_t,
-                       Wts, bts, idx_t, x_t, acts_t, q_t, panel_t, groups_t,
-                       double, dueling, y, td, scale, loss_kind, gWs, gbs,
+                       sparse, tensors, idx, x, acts, deltas, q, dq, panel, groups, head_t,
+                       target_params, idx_t, x_t, acts_t, q_t, panel_t, groups_t,
+                       double, dueling, y, td, scale, loss_kind,
                        kind, clip, max_norm, params, grads, m_state, v_state, slices,
                        lr, mu, b1, b2, eps, bc1, bc2, wd, opt_ctx, stamps):
     """One gradient step on a batch of B transitions (b_* are the batch's fields, (B, S)
     states, (B,) the rest): encode s and s', target forward on s', online forward on s (and
-    s' for double), targets and loss, backward, clipped update. Returns (loss, gradient
-    norm before clipping); stamps[0..9] get the clock at the start and after each part, and
-    stamps[10..18] add up each part's nanoseconds."""
+    s' for double), targets and loss, backward, clipped update. The layers' weights and
+    gradients are views of params, target_params and grads (Layout.tensors as a tuple).
+    Returns (loss, gradient norm before clipping); stamps[0..9] get the clock at the start
+    and after each part, and stamps[10..18] add up each part's nanoseconds."""
     n = states.shape[0]
+    Ws, bs = layer_views(params, tensors)
+    Wts, bts = layer_views(target_params, tensors)
+    gWs, gbs = layer_views(grads, tensors)
     # Constant arguments go in as np.int64 / np.bool_: numba compiles a callee once per
     # literal value it is called with (stamp(stamps, 0) .. stamp(stamps, 9) were ten
     # compiles; 16 of a cold cube3 command's 96 with the other such calls, stop 28 in
@@ -445,6 +449,7 @@ class Learner:
         self.fused = bool(fused) and targets != "all-actions" and grad_accum == 1 \
             and not lomo and not sparse_update and encoder.rotation_only
         self.stamps = np.zeros(2 * N_PARTS + 1 + 2, np.int64)  # stamps, sums, the clock's scratch
+        self.tensors = tuple(layout.tensors)  # the layers' views in the fused step (nn.layer_views)
         self._call_s = 0.0      # the fused calls' wall time since their parts were last booked
         self._booked_to = None  # the PhaseTimer those sums go to (attached to it)
         self._fused_args = (None, None, ())  # (batch, use_weights, the call's arguments before the optimizer's)
@@ -563,10 +568,10 @@ class Learner:
                 enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap,
                 enc.sticker_order, enc.act_map,
                 self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
-                on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
-                ws.head_t, tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
+                on.sparse, self.tensors, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
+                ws.head_t, tg.params, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
                 self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size,
-                self.loss_kind, self.gWs, self.gbs)
+                self.loss_kind)
         self._fused_args = (batch, use_weights, head)
         return head
 
