@@ -903,7 +903,7 @@ def head_backward_taken(x, dout, taken, W, dW, db, dx, head_t):
     head_t (2, >=A, in): scratch for W and dW transposed (Workspace.head_t).
 
     Why: at the 2x2x2's 256 -> 12 head and a batch of 64 the GEMMs on a dout that is 11/12
-    zeros took 17-25 us of a 0.7 ms step (K = 12 for dx, N = 12 for dW); this, 6 us (its
+    zeros took 17-25 us of a 0.7 ms step (K = 12 for dx, N = 12 for dW); this, 6-11 us (its
     rows are contiguous in the transposes). Bits: the tile GEMM sums each element with
     fma over k from zero in order; a zero term adds nothing (to +0 it adds +0, the only
     zero such sums hold), so summing the nonzero terms alone, in the same order, gives the
@@ -989,10 +989,10 @@ def mlp_backward_upper(Ws, acts, deltas, dWs, dbs, rows, taken, head_t):
     mlp_backward_first does layer 0. Uses deltas[:-1] as scratch. taken (B,): where
     deltas[-1]'s rows are zero but at these actions (loss_taken, no dueling head), the
     head's backward without its GEMMs (head_backward_taken, with the workspace's head_t);
-    empty (NO_TAKEN): any deltas[-1]."""
+    empty (NO_TAKEN), or shorter than rows: any deltas[-1]."""
     L = len(Ws)
     top = L - 1
-    if taken.shape[0] > 0 and L > 1:
+    if 0 < rows <= taken.shape[0] and L > 1:
         head_backward_taken(acts[L - 2][:rows], deltas[L - 1][:rows], taken, Ws[L - 1], dWs[L - 1], dbs[L - 1],
                             deltas[L - 2][:rows], head_t)
         top = L - 2
