@@ -61,7 +61,8 @@ def main():
     b.rewards[:] = -1
     b.discounts[:] = 0.9
     on, tg = lr.online, lr.target
-    kernel_args = (on.Ws, on.bs, tg.Ws, tg.bs, lr.ws.acts, lr.ws.deltas, lr.ws_t.acts, lr.gWs, lr.gbs, lr.head_taken, lr.ws.head_t, batch)
+    kernel_args = (on.Ws, on.bs, tg.Ws, tg.bs, lr.ws.acts, lr.ws.deltas, lr.ws_t.acts, lr.gWs, lr.gbs, lr.head_taken,
+                   lr.ws.head_t, batch)
     for _ in range(5):
         lr.train_step(b)
     gemm_layers(*kernel_args, 2)
