@@ -241,8 +241,8 @@ class Workspace:
         self.q = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
         self.dq = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
         # the head's W and dW transposed, for its backward from the taken actions alone
-        # (head_backward_taken)
-        self.head_t = aligned_zeros((2, w[-1], w[-2]), dtype)
+        # (head_backward_taken; not where the head is the first layer)
+        self.head_t = aligned_zeros((2, w[-1], w[-2]) if layout.n_layers > 1 else (2, 0, 0), dtype)
 
 
 # ---------------------------------------------------------------------------------------

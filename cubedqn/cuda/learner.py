@@ -141,6 +141,7 @@ class CudaLearner(Learner):
             raise ValueError("--device cuda supports clip = global or none")
         kw["target_cache"] = False  # the device step scores every child
         super().__init__(layout, moves, batch_size, encoder, **kw)
+        self.head_taken = self.actions_c[:0]  # the device backward runs the head's GEMMs (profile's FLOPs)
         m, S = self.micro, layout.n_active
         L = layout.n_layers
         w = layout.widths
