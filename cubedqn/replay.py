@@ -183,20 +183,16 @@ def _memcpy_rows(typingctx, dst, d0, src, s0, n):
 
 def _copy_rows(dst, d0, src, s0, n):
     """dst[d0:d0 + n] = src[s0:s0 + n] for 2D arrays of one row width whose rows are there
-    (else ValueError)."""
+    (the caller checks: _add_prioritized)."""
 
 
 @overload(_copy_rows)
 def _copy_rows_overload(dst, d0, src, s0, n):
     if src.layout == "C" and src.dtype == dst.dtype:  # the records the environment writes
         def copy(dst, d0, src, s0, n):
-            if src.shape[1] != dst.shape[1] or s0 + n > src.shape[0] or d0 + n > dst.shape[0]:
-                raise ValueError("records of another width than the buffer's, or fewer than the count")
             _memcpy_rows(dst, d0, src, s0, n)
     else:
         def copy(dst, d0, src, s0, n):
-            if src.shape[1] != dst.shape[1] or s0 + n > src.shape[0] or d0 + n > dst.shape[0]:
-                raise ValueError("records of another width than the buffer's, or fewer than the count")
             for i in range(n):
                 for j in range(dst.shape[1]):
                     dst[d0 + i, j] = src[s0 + i, j]
@@ -206,9 +202,15 @@ def _copy_rows_overload(dst, d0, src, s0, n):
 @njit(cache=True)
 def _add_prioritized(records, src, pos, count, capacity, tree, cap2, value):
     """A prioritized add in one call: src's first count rows into the ring at pos (wrapping
-    at capacity), and their leaves set to value (_fill_ring). Numpy's slice copy and a
-    second call took 1.13-1.31x its time (batches of 256 and 64, in process,
-    runs/perf36/per_add_call_ab.py)."""
+    at capacity), and their leaves set to value (_fill_ring). Rows of another width, or
+    fewer than count, raise ValueError before anything is written (as does a count or
+    capacity the ring cannot hold: ReplayBuffer.add says so first, in its own words).
+    Numpy's slice copy and a second call took 1.13-1.31x its time (batches of 256 and 64,
+    in process, runs/perf36/per_add_call_ab.py)."""
+    if src.shape[1] != records.shape[1] or count > src.shape[0]:
+        raise ValueError("records of another width than the buffer's, or fewer than the count")
+    if capacity != records.shape[0] or not 0 <= pos < capacity or count > capacity:
+        raise ValueError("a prioritized add outside the ring")
     first = min(count, capacity - pos)
     _copy_rows(records, pos, src, 0, first)
     if count > first:
