@@ -157,7 +157,7 @@ def layer_views(flat, tensors):
     Layout.tensors as a tuple of (offset, in, out, bias offset). The same types as views'
     tuples, so the kernels they go to are the ones compiled for those. Why: a kernel call
     unboxes each array it is given (0.1-0.3 us an array after a 4 MB sweep of the caches,
-    runs/perf36/call_split.py, call_args_ab.txt); one buffer is 2L arrays fewer."""
+    runs/perf36/call_ab.txt, call_args_ab.txt); one buffer is 2L arrays fewer."""
 
 
 @overload(layer_views, jit_options={"nogil": True})
