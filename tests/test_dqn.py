@@ -127,11 +127,12 @@ def test_uniform_sampling_distribution():
     assert chi2 < 100  # 49 dof: p ~ 1e-5 cut-off
 
 
-@pytest.mark.parametrize("capacity,size", [(1, 1), (13, 13), (1000, 700), (5000, 5000)])
+@pytest.mark.parametrize("capacity,size", [(1, 1), (3, 2), (13, 13), (20, 20), (40, 37), (1000, 700), (5000, 5000),
+                                           (1 << 18, 3000)])
 def test_prioritized_sampling_descends_as_tree_find_does(capacity, size):
     """The sampler's descents, run level by level side by side, pick what tree_find picks
-    one at a time from the same draws (zero priorities among the leaves too), and the same
-    importance weights."""
+    one at a time from the same draws (zero priorities among the leaves too; trees of 0 to
+    18 levels), and the same importance weights."""
     from cubedqn.rng import uniform
     rng = np.random.default_rng(capacity)
     buf = ReplayBuffer(capacity, 24, gamma=0.9, prioritized=True)
