@@ -33,7 +33,8 @@ import os
 import time
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.experimental import structref
 
 from . import clock
 from .children import ChildCodes, code_key, key_slot, take_rows
@@ -193,21 +194,67 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, duelin
     stamp(stamps, k + 1)
 
 
+# The one-call step's arguments that stay the same from step to step, as one numba struct
+# (StepArgs: the batch's arrays, the encoder's tables, the nets' and workspaces' buffers,
+# the optimizer's state and constants, the stamps). numba unboxes each array argument of a
+# call from its Python object every call, a struct in one go: a do-nothing call on these 59
+# and the step's 3 scalars took 10.5-15.4 us after a 2 MB sweep (what a small step moves
+# through the caches; 9.8-12.3 hot), on a StepArgs and the scalars 3.4-5.1 (1.5-2.7), and
+# the small step 6-15 us less in process (runs/perf37/struct_call.txt, struct_ab.txt).
+STEP_FIELDS = ("b_states", "b_next", "b_actions", "b_rewards", "b_dones", "b_discounts", "weights",
+               "framed", "enc_sparse", "home_facelets", "colours", "frame_perm", "frame_cmap", "order", "act_map",
+               "states", "nxt", "rot", "rot_next", "actions_c",
+               "sparse", "tensors", "idx", "x", "acts", "deltas", "q", "dq", "panel", "groups", "head_t",
+               "target_params", "idx_t", "x_t", "acts_t", "q_t", "panel_t", "groups_t",
+               "double", "dueling", "y", "td", "scale", "loss_kind",
+               "kind", "clip", "max_norm", "params", "grads", "m_state", "v_state", "slices",
+               "mu", "b1", "b2", "eps", "wd", "opt_ctx", "stamps")
+
+
+@structref.register
+class StepArgsType(types.StructRef):
+    """The numba type of a StepArgs: its fields' types as given (not literal)."""
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+class StepArgs(structref.StructRefProxy):
+    """fused_sampled_step's fixed arguments (STEP_FIELDS) held by numba; made by
+    make_step_args, whose cached compile builds it (StructRefProxy's own constructor
+    would compile in every process)."""
+
+
+structref.define_proxy(StepArgs, StepArgsType, STEP_FIELDS)
+
+
+@njit(cache=True)
+def make_step_args(*fields):
+    """A StepArgs of STEP_FIELDS' values, in that order."""
+    return StepArgs(*fields)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def fused_sampled_step(b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights,
-                       framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map,
-                       states, nxt, rot, rot_next, actions_c,
-                       sparse, tensors, idx, x, acts, deltas, q, dq, panel, groups, head_t,
-                       target_params, idx_t, x_t, acts_t, q_t, panel_t, groups_t,
-                       double, dueling, y, td, scale, loss_kind,
-                       kind, clip, max_norm, params, grads, m_state, v_state, slices,
-                       lr, mu, b1, b2, eps, bc1, bc2, wd, opt_ctx, stamps):
-    """One gradient step on a batch of B transitions (b_* are the batch's fields, (B, S)
-    states, (B,) the rest): encode s and s', target forward on s', online forward on s (and
-    s' for double), targets and loss, backward, clipped update. The layers' weights and
-    gradients are views of params, target_params and grads (Layout.tensors as a tuple).
-    Returns (loss, gradient norm before clipping); stamps[0..9] get the clock at the start
-    and after each part, and stamps[10..18] add up each part's nanoseconds."""
+def fused_sampled_step(s, lr, bc1, bc2):
+    """One gradient step on a batch of B transitions (s: a StepArgs; b_* are the batch's
+    fields, (B, S) states, (B,) the rest): encode s and s', target forward on s', online
+    forward on s (and s' for double), targets and loss, backward, clipped update with this
+    step's learning rate and Adam's bias corrections (Optimizer.step_scalars). The layers'
+    weights and gradients are views of params, target_params and grads (Layout.tensors as
+    a tuple). Returns (loss, gradient norm before clipping); stamps[0..9] get the clock at
+    the start and after each part, and stamps[10..18] add up each part's nanoseconds."""
+    b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights = (
+        s.b_states, s.b_next, s.b_actions, s.b_rewards, s.b_dones, s.b_discounts, s.weights)
+    framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map = (
+        s.framed, s.enc_sparse, s.home_facelets, s.colours, s.frame_perm, s.frame_cmap, s.order, s.act_map)
+    states, nxt, rot, rot_next, actions_c = s.states, s.nxt, s.rot, s.rot_next, s.actions_c
+    sparse, tensors, idx, x, acts, deltas, q, dq, panel, groups, head_t = (
+        s.sparse, s.tensors, s.idx, s.x, s.acts, s.deltas, s.q, s.dq, s.panel, s.groups, s.head_t)
+    target_params, idx_t, x_t, acts_t, q_t, panel_t, groups_t = (
+        s.target_params, s.idx_t, s.x_t, s.acts_t, s.q_t, s.panel_t, s.groups_t)
+    double, dueling, y, td, scale, loss_kind = s.double, s.dueling, s.y, s.td, s.scale, s.loss_kind
+    kind, clip, max_norm, params, grads, m_state, v_state, slices = (
+        s.kind, s.clip, s.max_norm, s.params, s.grads, s.m_state, s.v_state, s.slices)
+    mu, b1, b2, eps, wd, opt_ctx, stamps = s.mu, s.b1, s.b2, s.eps, s.wd, s.opt_ctx, s.stamps
     n = states.shape[0]
     Ws, bs = layer_views(params, tensors)
     Wts, bts = layer_views(target_params, tensors)
@@ -452,7 +499,7 @@ class Learner:
         self.tensors = tuple(layout.tensors)  # the layers' views in the fused step (nn.layer_views)
         self._call_s = 0.0      # the fused calls' wall time since their parts were last booked
         self._booked_to = None  # the PhaseTimer those sums go to (attached to it)
-        self._fused_args = (None, None, ())  # (batch, use_weights, the call's arguments before the optimizer's)
+        self._fused_args = (None, None, None)  # (batch, use_weights, its StepArgs)
         self.updates = 0
         self.last_loss = 0.0
 
@@ -545,8 +592,7 @@ class Learner:
             self._book_to(timer)
         opt = self.opt
         opt.begin_step()
-        loss, norm = fused_sampled_step(*self._fused_head(batch, use_weights),
-                                        *opt.step_args(self.online.params, self.grads), self.stamps)
+        loss, norm = fused_sampled_step(self._step_args(batch, use_weights), *opt.step_scalars())
         opt.last_norm = float(norm)
         self.updates += 1
         t2 = time.perf_counter()
@@ -555,25 +601,28 @@ class Learner:
         self.last_loss = loss
         return loss
 
-    def _fused_head(self, batch, use_weights):
-        """fused_sampled_step's arguments before the optimizer's: the same objects every
-        step for a batch (its arrays are reused), so they are gathered once per batch
-        object (looking up its 47 arrays every step cost 6-8 us of a small training step)."""
-        last_batch, last_weights, head = self._fused_args
+    def _step_args(self, batch, use_weights):
+        """fused_sampled_step's StepArgs for this batch object (its arrays are reused from
+        step to step, as are the learner's and the optimizer's), made once per batch."""
+        last_batch, last_weights, args = self._fused_args
         if batch is last_batch and use_weights == last_weights:
-            return head
-        on, tg, ws, wt, enc = self.online, self.target, self.ws, self.ws_t, self.encoder
-        head = (batch.states, batch.next_states, batch.actions, batch.rewards, batch.dones, batch.discounts,
-                batch.weights if use_weights else self.ones,
-                enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap,
-                enc.sticker_order, enc.act_map,
-                self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
-                on.sparse, self.tensors, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
-                ws.head_t, tg.params, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
-                self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size,
-                self.loss_kind)
-        self._fused_args = (batch, use_weights, head)
-        return head
+            return args
+        on, tg, ws, wt, enc, opt = self.online, self.target, self.ws, self.ws_t, self.encoder, self.opt
+        kind, clip, max_norm, mu, b1, b2, eps, wd = opt._fixed
+        args = make_step_args(
+            batch.states, batch.next_states, batch.actions, batch.rewards, batch.dones, batch.discounts,
+            batch.weights if use_weights else self.ones,
+            enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap,
+            enc.sticker_order, enc.act_map,
+            self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
+            on.sparse, self.tensors, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
+            ws.head_t, tg.params, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
+            self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size,
+            self.loss_kind,
+            kind, clip, max_norm, on.params, self.grads, opt.m, opt.v, opt.slices, mu, b1, b2, eps, wd, opt.ctx,
+            self.stamps)
+        self._fused_args = (batch, use_weights, args)
+        return args
 
     def _book_to(self, timer):
         """The fused step's part sums go to `timer` from now on (None: nowhere): what the

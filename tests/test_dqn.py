@@ -554,7 +554,8 @@ def fused_pair(n=8):
 
 
 def test_fused_step_reuses_its_arguments_for_the_same_batch():
-    """The one-call step gathers its arguments once per batch object: one Batch refilled
+    """The one-call step gathers its fixed arguments once per batch object (one StepArgs
+    struct, made again for another batch or a change of PER weights): one Batch refilled
     every step, PER weights on and off in turn, and then a second Batch, give the per-part
     path's bits throughout."""
     f, p = fused_pair()
@@ -569,6 +570,10 @@ def test_fused_step_reuses_its_arguments_for_the_same_batch():
         assert f.train_step(b, use_weights=per) == p.train_step(b, use_weights=per)
         assert np.array_equal(f.td, p.td) and np.array_equal(f.online.params, p.online.params)
         assert np.array_equal(f.opt.m, p.opt.m) and np.array_equal(f.target.params, p.target.params)
+    b = batches[1]
+    args = f._step_args(b, False)
+    assert f._step_args(b, False) is args
+    assert f._step_args(b, True) is not args and f._step_args(batches[0], True) is not args
 
 
 def test_fused_parts_are_booked_to_the_timer_they_ran_under():
