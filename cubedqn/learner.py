@@ -194,11 +194,12 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, duelin
     stamp(stamps, k + 1)
 
 
-# The one-call step's arguments that stay the same from step to step, as one numba struct
-# (StepArgs: the batch's arrays, the encoder's tables, the nets' and workspaces' buffers,
-# the optimizer's state and constants, the stamps). numba unboxes each array argument of a
-# call from its Python object every call, a struct in one go: a do-nothing call on these 59
-# and the step's 3 scalars took 10.5-15.4 us after a 2 MB sweep (what a small step moves
+# The one-call step's arguments, as one numba struct (StepArgs: the batch's arrays, the
+# encoder's tables, the nets' and workspaces' buffers, the optimizer's state and constants,
+# the stamps, and `scalars`, where each step's learning rate and Adam's bias corrections are
+# written before the call). numba unboxes each array argument of a call from its Python
+# object every call, a struct in one go: a do-nothing call on 59 of these as separate
+# arguments and the step's 3 scalars took 10.5-15.4 us after a 2 MB sweep (what a small step moves
 # through the caches; 9.8-12.3 hot), on a StepArgs and the scalars 3.4-5.1 (1.5-2.7), and
 # the small step 6-15 us less in process (runs/perf37/struct_call.txt, struct_ab.txt).
 STEP_FIELDS = ("b_states", "b_next", "b_actions", "b_rewards", "b_dones", "b_discounts", "weights",
@@ -208,7 +209,7 @@ STEP_FIELDS = ("b_states", "b_next", "b_actions", "b_rewards", "b_dones", "b_dis
                "target_params", "idx_t", "x_t", "acts_t", "q_t", "panel_t", "groups_t",
                "double", "dueling", "y", "td", "scale", "loss_kind",
                "kind", "clip", "max_norm", "params", "grads", "m_state", "v_state", "slices",
-               "mu", "b1", "b2", "eps", "wd", "opt_ctx", "stamps")
+               "mu", "b1", "b2", "eps", "wd", "opt_ctx", "stamps", "scalars")
 
 
 @structref.register
@@ -219,7 +220,7 @@ class StepArgsType(types.StructRef):
 
 
 class StepArgs(structref.StructRefProxy):
-    """fused_sampled_step's fixed arguments (STEP_FIELDS) held by numba; made by
+    """fused_sampled_step's arguments (STEP_FIELDS) held by numba; made by
     make_step_args, whose cached compile builds it (StructRefProxy's own constructor
     would compile in every process)."""
 
@@ -234,11 +235,12 @@ def make_step_args(*fields):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def fused_sampled_step(s, lr, bc1, bc2):
+def fused_sampled_step(s):
     """One gradient step on a batch of B transitions (s: a StepArgs; b_* are the batch's
     fields, (B, S) states, (B,) the rest): encode s and s', target forward on s', online
     forward on s (and s' for double), targets and loss, backward, clipped update with this
-    step's learning rate and Adam's bias corrections (Optimizer.step_scalars). The layers'
+    step's learning rate and Adam's bias corrections (s.scalars: Optimizer.step_scalars in
+    the buffer's dtype). The layers'
     weights and gradients are views of params, target_params and grads (Layout.tensors as
     a tuple). Returns (loss, gradient norm before clipping); stamps[0..9] get the clock at
     the start and after each part, and stamps[10..18] add up each part's nanoseconds."""
@@ -255,6 +257,7 @@ def fused_sampled_step(s, lr, bc1, bc2):
     kind, clip, max_norm, params, grads, m_state, v_state, slices = (
         s.kind, s.clip, s.max_norm, s.params, s.grads, s.m_state, s.v_state, s.slices)
     mu, b1, b2, eps, wd, opt_ctx, stamps = s.mu, s.b1, s.b2, s.eps, s.wd, s.opt_ctx, s.stamps
+    lr, bc1, bc2 = s.scalars[0], s.scalars[1], s.scalars[2]
     n = states.shape[0]
     Ws, bs = layer_views(params, tensors)
     Wts, bts = layer_views(target_params, tensors)
@@ -496,6 +499,7 @@ class Learner:
         self.fused = bool(fused) and targets != "all-actions" and grad_accum == 1 \
             and not lomo and not sparse_update and encoder.rotation_only
         self.stamps = np.zeros(2 * N_PARTS + 1 + 2, np.int64)  # stamps, sums, the clock's scratch
+        self.scalars = np.zeros(3, self.dtype)  # the one-call step's learning rate and bias corrections
         self.tensors = tuple(layout.tensors)  # the layers' views in the fused step (nn.layer_views)
         self._call_s = 0.0      # the fused calls' wall time since their parts were last booked
         self._booked_to = None  # the PhaseTimer those sums go to (attached to it)
@@ -592,7 +596,9 @@ class Learner:
             self._book_to(timer)
         opt = self.opt
         opt.begin_step()
-        loss, norm = fused_sampled_step(self._step_args(batch, use_weights), *opt.step_scalars())
+        sc = self.scalars  # this step's numbers, in the buffer's dtype as step_args makes them
+        sc[0], sc[1], sc[2] = opt.step_scalars()
+        loss, norm = fused_sampled_step(self._step_args(batch, use_weights))
         opt.last_norm = float(norm)
         self.updates += 1
         t2 = time.perf_counter()
@@ -620,7 +626,7 @@ class Learner:
             self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size,
             self.loss_kind,
             kind, clip, max_norm, on.params, self.grads, opt.m, opt.v, opt.slices, mu, b1, b2, eps, wd, opt.ctx,
-            self.stamps)
+            self.stamps, self.scalars)
         self._fused_args = (batch, use_weights, args)
         return args
 

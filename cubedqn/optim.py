@@ -479,16 +479,18 @@ class Optimizer:
     def step_args(self, params, grads):
         """clipped_step's arguments for this step (after begin_step): the learner's fused
         step passes the same ones (those that change from step to step as step_scalars)."""
-        kind, clip, max_norm, mu, b1, b2, eps, wd = self._fixed
+        f, (kind, clip, max_norm, mu, b1, b2, eps, wd) = self.dtype.type, self._fixed
         lr, bc1, bc2 = self.step_scalars()
-        return (kind, clip, max_norm, params, grads, self.m, self.v, self.slices, lr, mu, b1, b2, eps, bc1, bc2, wd,
-                self.ctx)
+        return (kind, clip, max_norm, params, grads, self.m, self.v, self.slices, f(lr), mu, b1, b2, eps, f(bc1),
+                f(bc2), wd, self.ctx)
 
     def step_scalars(self):
-        """This step's learning rate and Adam's bias corrections 1 - beta ** t, in the
-        buffer's dtype (after begin_step): the update's numbers that change from step to step."""
-        f, t, (beta1, beta2) = self.dtype.type, self.t, self.betas
-        return f(self.lr), f(1 - beta1 ** t), f(1 - beta2 ** t)
+        """This step's learning rate and Adam's bias corrections 1 - beta ** t, as Python
+        floats (after begin_step): the update's numbers that change from step to step. The
+        kernels take them in the buffer's dtype (step_args; the learner's one-call step
+        stores them into an array of that dtype, the same rounding)."""
+        t, (beta1, beta2) = self.t, self.betas
+        return self.lr, 1 - beta1 ** t, 1 - beta2 ** t
 
     def step_rows(self, params: np.ndarray, row_grads: np.ndarray, touched, n, width, tail_grads) -> float:
         """step() with a row-sparse head: rows touched[:n] of the head params[:dense_from]
