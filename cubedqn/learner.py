@@ -196,12 +196,12 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, duelin
 
 # The one-call step's arguments, as one numba struct (StepArgs: the batch's arrays, the
 # encoder's tables, the nets' and workspaces' buffers, the optimizer's state and constants,
-# the stamps, and `scalars`, where each step's learning rate and Adam's bias corrections are
-# written before the call). numba unboxes each array argument of a call from its Python
-# object every call, a struct in one go: a do-nothing call on 59 of these as separate
-# arguments and the step's 3 scalars took 10.5-15.4 us after a 2 MB sweep (what a small step moves
-# through the caches; 9.8-12.3 hot), on a StepArgs and the scalars 3.4-5.1 (1.5-2.7), and
-# the small step 6-15 us less in process (runs/perf37/struct_call.txt, struct_ab.txt).
+# the stamps, and `scalars`, where each step's learning rate and Adam's bias corrections
+# are written before the call). numba unboxes each array argument from its Python object
+# every call, a struct in one go: a do-nothing call on 59 of these as separate arguments
+# and the 3 scalars took 10.5-15.4 us after a 2 MB sweep (what a small step moves through
+# the caches; 9.8-12.3 hot), on a StepArgs and the scalars 3.4-5.1 (1.5-2.7), and the
+# small step 6-15 us less in process (runs/perf37/struct_call.txt, struct_ab.txt).
 STEP_FIELDS = ("b_states", "b_next", "b_actions", "b_rewards", "b_dones", "b_discounts", "weights",
                "framed", "enc_sparse", "home_facelets", "colours", "frame_perm", "frame_cmap", "order", "act_map",
                "states", "nxt", "rot", "rot_next", "actions_c",
@@ -240,10 +240,10 @@ def fused_sampled_step(s):
     fields, (B, S) states, (B,) the rest): encode s and s', target forward on s', online
     forward on s (and s' for double), targets and loss, backward, clipped update with this
     step's learning rate and Adam's bias corrections (s.scalars: Optimizer.step_scalars in
-    the buffer's dtype). The layers'
-    weights and gradients are views of params, target_params and grads (Layout.tensors as
-    a tuple). Returns (loss, gradient norm before clipping); stamps[0..9] get the clock at
-    the start and after each part, and stamps[10..18] add up each part's nanoseconds."""
+    the buffer's dtype). The layers' weights and gradients are views of params,
+    target_params and grads (Layout.tensors as a tuple). Returns (loss, gradient norm
+    before clipping); stamps[0..9] get the clock at the start and after each part, and
+    stamps[10..18] add up each part's nanoseconds."""
     b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights = (
         s.b_states, s.b_next, s.b_actions, s.b_rewards, s.b_dones, s.b_discounts, s.weights)
     framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map = (
@@ -614,7 +614,7 @@ class Learner:
         if batch is last_batch and use_weights == last_weights:
             return args
         on, tg, ws, wt, enc, opt = self.online, self.target, self.ws, self.ws_t, self.encoder, self.opt
-        kind, clip, max_norm, mu, b1, b2, eps, wd = opt._fixed
+        kind, clip, max_norm, mu, b1, b2, eps, wd = opt.constants
         args = make_step_args(
             batch.states, batch.next_states, batch.actions, batch.rewards, batch.dones, batch.discounts,
             batch.weights if use_weights else self.ones,

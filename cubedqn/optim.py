@@ -476,6 +476,12 @@ class Optimizer:
         self.last_norm = float(clipped_step(*self.step_args(params, grads)))
         return self.last_norm
 
+    @property
+    def constants(self):
+        """The update's numbers that stay fixed, as the kernels take them: (kind code,
+        clip code, max_norm, momentum, beta1, beta2, eps, weight_decay)."""
+        return self._fixed
+
     def step_args(self, params, grads):
         """clipped_step's arguments for this step (after begin_step): the learner's fused
         step passes the same ones (those that change from step to step as step_scalars)."""
