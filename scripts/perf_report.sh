@@ -51,3 +51,5 @@ if [ -n "${CHECKPOINT:-}" ]; then
     done
   done
 fi
+# the targets, met or not, as README's "Where it stands" table
+$PY scripts/report_summary.py "$out" | tee "$out/summary.md"
