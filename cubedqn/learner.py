@@ -41,7 +41,7 @@ from .children import ChildCodes, code_key, key_slot, take_rows
 from .clock import stamp
 from .cube import expand_children, solved_batch
 from .encoding import Encoder, actions_to_canonical, encode_rotated_or_plain, rows_to_canonical
-from .nn import (LOSSES, MLP, Layout, aligned_zeros, dense_backward, dueling_backward, dueling_forward, layer_views,
+from .nn import (LOSSES, MLP, Layout, aligned_zeros, dense_backward, dueling_backward, dueling_forward,
                  loss_full, loss_taken, mlp_backward_first, mlp_backward_upper, mlp_forward_first, mlp_forward_upper,
                  sparse_backward_compact, sparse_backward_panels, views)
 from .optim import Optimizer, add_into, clipped_step, polyak_update
@@ -195,20 +195,22 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, duelin
 
 
 # The one-call step's arguments, as one numba struct (StepArgs: the batch's arrays, the
-# encoder's tables, the nets' and workspaces' buffers, the optimizer's state and constants,
-# the stamps, and `scalars`, where each step's learning rate and Adam's bias corrections
-# are written before the call). numba unboxes each array argument from its Python object
-# every call, a struct in one go: a do-nothing call on 59 of these as separate arguments
-# and the 3 scalars took 10.5-15.4 us after a 2 MB sweep (what a small step moves through
-# the caches; 9.8-12.3 hot), on a StepArgs and the scalars 3.4-5.1 (1.5-2.7), and the
-# small step 6-15 us less in process (runs/perf37/struct_call.txt, struct_ab.txt).
+# encoder's tables, the workspaces, the layers' views of the online and target weights and
+# of the gradients, the optimizer's state and constants, the stamps, and `scalars`, where
+# each step's learning rate and Adam's bias corrections are written before the call).
+# numba unboxes each array argument from its Python object every call, a struct in one go:
+# a do-nothing call on 59 of these as separate arguments (the layers' views left out, the
+# kernel then making them) and the 3 scalars took 10.5-15.4 us after a 2 MB sweep (what a
+# small step moves through the caches; 9.8-12.3 hot), on a StepArgs and the scalars
+# 3.4-5.1 (1.5-2.7), and the small step 6-15 us less in process
+# (runs/perf37/struct_call.txt, struct_ab.txt).
 STEP_FIELDS = ("b_states", "b_next", "b_actions", "b_rewards", "b_dones", "b_discounts", "weights",
                "framed", "enc_sparse", "home_facelets", "colours", "frame_perm", "frame_cmap", "order", "act_map",
-               "states", "nxt", "rot", "rot_next", "actions_c",
-               "sparse", "tensors", "idx", "x", "acts", "deltas", "q", "dq", "panel", "groups", "head_t",
-               "target_params", "idx_t", "x_t", "acts_t", "q_t", "panel_t", "groups_t",
+               "states", "nxt", "rot", "rot_next", "actions_c", "head_taken",
+               "sparse", "Ws", "bs", "idx", "x", "acts", "deltas", "q", "dq", "panel", "groups", "head_t",
+               "Wts", "bts", "idx_t", "x_t", "acts_t", "q_t", "panel_t", "groups_t",
                "double", "dueling", "y", "td", "scale", "loss_kind",
-               "kind", "clip", "max_norm", "params", "grads", "m_state", "v_state", "slices",
+               "kind", "clip", "max_norm", "params", "grads", "gWs", "gbs", "m_state", "v_state", "slices",
                "mu", "b1", "b2", "eps", "wd", "opt_ctx", "stamps", "scalars")
 
 
@@ -240,28 +242,25 @@ def fused_sampled_step(s):
     fields, (B, S) states, (B,) the rest): encode s and s', target forward on s', online
     forward on s (and s' for double), targets and loss, backward, clipped update with this
     step's learning rate and Adam's bias corrections (s.scalars: Optimizer.step_scalars in
-    the buffer's dtype). The layers' weights and gradients are views of params,
-    target_params and grads (Layout.tensors as a tuple). Returns (loss, gradient norm
-    before clipping); stamps[0..9] get the clock at the start and after each part, and
+    the buffer's dtype). The layers' weights and gradients (Ws, bs, Wts, bts, gWs, gbs) are
+    views of params, the target's parameters and grads. Returns (loss, gradient norm before
+    clipping); stamps[0..9] get the clock at the start and after each part, and
     stamps[10..18] add up each part's nanoseconds."""
     b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights = (
         s.b_states, s.b_next, s.b_actions, s.b_rewards, s.b_dones, s.b_discounts, s.weights)
     framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map = (
         s.framed, s.enc_sparse, s.home_facelets, s.colours, s.frame_perm, s.frame_cmap, s.order, s.act_map)
-    states, nxt, rot, rot_next, actions_c = s.states, s.nxt, s.rot, s.rot_next, s.actions_c
-    sparse, tensors, idx, x, acts, deltas, q, dq, panel, groups, head_t = (
-        s.sparse, s.tensors, s.idx, s.x, s.acts, s.deltas, s.q, s.dq, s.panel, s.groups, s.head_t)
-    target_params, idx_t, x_t, acts_t, q_t, panel_t, groups_t = (
-        s.target_params, s.idx_t, s.x_t, s.acts_t, s.q_t, s.panel_t, s.groups_t)
+    states, nxt, rot, rot_next, actions_c, head_taken = s.states, s.nxt, s.rot, s.rot_next, s.actions_c, s.head_taken
+    sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel, groups, head_t = (
+        s.sparse, s.Ws, s.bs, s.idx, s.x, s.acts, s.deltas, s.q, s.dq, s.panel, s.groups, s.head_t)
+    Wts, bts, idx_t, x_t, acts_t, q_t, panel_t, groups_t = (
+        s.Wts, s.bts, s.idx_t, s.x_t, s.acts_t, s.q_t, s.panel_t, s.groups_t)
     double, dueling, y, td, scale, loss_kind = s.double, s.dueling, s.y, s.td, s.scale, s.loss_kind
-    kind, clip, max_norm, params, grads, m_state, v_state, slices = (
-        s.kind, s.clip, s.max_norm, s.params, s.grads, s.m_state, s.v_state, s.slices)
+    kind, clip, max_norm, params, grads, gWs, gbs, m_state, v_state, slices = (
+        s.kind, s.clip, s.max_norm, s.params, s.grads, s.gWs, s.gbs, s.m_state, s.v_state, s.slices)
     mu, b1, b2, eps, wd, opt_ctx, stamps = s.mu, s.b1, s.b2, s.eps, s.wd, s.opt_ctx, s.stamps
     lr, bc1, bc2 = s.scalars[0], s.scalars[1], s.scalars[2]
     n = states.shape[0]
-    Ws, bs = layer_views(params, tensors)
-    Wts, bts = layer_views(target_params, tensors)
-    gWs, gbs = layer_views(grads, tensors)
     # Constant arguments go in as np.int64 / np.bool_: numba compiles a callee once per
     # literal value it is called with (stamp(stamps, 0) .. stamp(stamps, 9) were ten
     # compiles; 16 of a cold cube3 command's 96 with the other such calls, stop 28 in
@@ -286,8 +285,8 @@ def fused_sampled_step(s):
     if dueling:
         dueling_backward(dq[:n], deltas[-1][:n])
     stamp(stamps, np.int64(6))
-    # the head's backward from the taken actions alone (dq is zero elsewhere) unless dueling
-    mlp_backward_upper(Ws, acts, deltas, gWs, gbs, n, actions_c[:0] if dueling else actions_c[:n], head_t)
+    # the head's backward from the taken actions alone where Learner.head_taken says so (not dueling)
+    mlp_backward_upper(Ws, acts, deltas, gWs, gbs, n, head_taken[:n], head_t)
     stamp(stamps, np.int64(7))
     mlp_backward_first(idx, x, sparse, Ws, deltas, gWs, gbs, n, panel)
     stamp(stamps, np.int64(8))
@@ -500,7 +499,6 @@ class Learner:
             and not lomo and not sparse_update and encoder.rotation_only
         self.stamps = np.zeros(2 * N_PARTS + 1 + 2, np.int64)  # stamps, sums, the clock's scratch
         self.scalars = np.zeros(3, self.dtype)  # the one-call step's learning rate and bias corrections
-        self.tensors = tuple(layout.tensors)  # the layers' views in the fused step (nn.layer_views)
         self._call_s = 0.0      # the fused calls' wall time since their parts were last booked
         self._booked_to = None  # the PhaseTimer those sums go to (attached to it)
         self._fused_args = (None, None, None)  # (batch, use_weights, its StepArgs)
@@ -620,12 +618,13 @@ class Learner:
             batch.weights if use_weights else self.ones,
             enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap,
             enc.sticker_order, enc.act_map,
-            self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c,
-            on.sparse, self.tensors, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
-            ws.head_t, tg.params, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
+            self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c, self.head_taken,
+            on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
+            ws.head_t, tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
             self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size,
             self.loss_kind,
-            kind, clip, max_norm, on.params, self.grads, opt.m, opt.v, opt.slices, mu, b1, b2, eps, wd, opt.ctx,
+            kind, clip, max_norm, on.params, self.grads, self.gWs, self.gbs, opt.m, opt.v, opt.slices, mu, b1,
+            b2, eps, wd, opt.ctx,
             self.stamps, self.scalars)
         self._fused_args = (batch, use_weights, args)
         return args

@@ -152,31 +152,6 @@ def views(flat: np.ndarray, layout: Layout, start: int = 0):
     return tuple(Ws), tuple(bs)
 
 
-def layer_views(flat, tensors):
-    """views() inside njit: (Ws, bs) of a flat buffer holding the whole layout, from
-    Layout.tensors as a tuple of (offset, in, out, bias offset). The same types as views'
-    tuples, so the kernels they go to are the ones compiled for those. Why: a kernel call
-    unboxes each array it is given (0.1-0.3 us an array after a 4 MB sweep of the caches,
-    runs/perf36/call_ab.txt, call_args_ab.txt); one buffer is 2L arrays fewer."""
-
-
-@overload(layer_views, jit_options={"nogil": True})
-def _layer_views_overload(flat, tensors):
-    # one layer's views, then the rest's (recursing on the tuple's tail: numba builds a
-    # tuple of a length it knows when it compiles, not in a loop)
-    if tensors.count == 1:
-        def last(flat, tensors):
-            off, fi, fo, boff = tensors[0]
-            return (flat[off:off + fi * fo].reshape((fi, fo)),), (flat[boff:boff + fo],)
-        return last
-
-    def first_and_rest(flat, tensors):
-        off, fi, fo, boff = tensors[0]
-        Ws, bs = layer_views(flat, tensors[1:])
-        return (flat[off:off + fi * fo].reshape((fi, fo)),) + Ws, (flat[boff:boff + fo],) + bs
-    return first_and_rest
-
-
 def init_params(layout: Layout, rng: np.random.Generator, dtype=np.float32) -> np.ndarray:
     """He/Kaiming-normal weights (std sqrt(2/fan_in); the linear head sqrt(1/fan_in)), zero biases."""
     flat = aligned_zeros(layout.size, dtype)

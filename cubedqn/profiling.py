@@ -225,7 +225,7 @@ def step_flops(trainer, children_per_step=None) -> tuple[float, float]:
 def head_from_taken(trainer) -> bool:
     """Whether the learner's backward takes the Q head's gradient from the taken actions
     alone (nn.head_backward_taken), not by its two GEMMs."""
-    return len(getattr(trainer.learner, "head_taken", ())) > 0
+    return len(trainer.learner.head_taken) > 0
 
 
 def gemm_layers_rate(trainer, parts, children_per_step=None) -> dict:

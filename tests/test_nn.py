@@ -164,22 +164,6 @@ def test_head_backward_from_taken_actions_equals_dense_backward(n, h, a, dtype):
         np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("hidden", [(), (64,), (32, 16, 8)])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_layer_views_inside_njit_are_the_views_of_the_flat_buffer(hidden, dtype):
-    """nn.layer_views (the one-call step's weights and gradients) gives views() arrays: the
-    same numba types (so the same compiled layer kernels), shapes and addresses."""
-    from numba import njit, typeof
-    from cubedqn.nn import layer_views
-    layout = Layout(in_dim=48, n_active=8, hidden=hidden, n_actions=4)
-    flat = aligned_zeros(layout.size, dtype)
-    Ws, bs = views(flat, layout)
-    got_Ws, got_bs = njit(lambda f, t: layer_views(f, t))(flat, tuple(layout.tensors))
-    assert typeof(got_Ws) == typeof(Ws) and typeof(got_bs) == typeof(bs)
-    for a, b in zip(got_Ws + got_bs, Ws + bs):
-        assert a.shape == b.shape and a.ctypes.data == b.ctypes.data
-
-
 def test_q_values_chunks_equal_one_pass():
     layout = Layout(in_dim=24 * 6, n_active=24, hidden=(16,), n_actions=12)
     net = MLP(layout, seed=1)
