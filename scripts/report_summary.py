@@ -25,6 +25,8 @@ E2E_SHARE, GEMM_SHARE = 0.70, 0.70            # end to end / train step; GEMM la
 WARM_S, COLD_S = 3.0, 30.0                    # start-up: training begins within
 ADD_MPS, SAMPLE_KPS = 20.0, 100.0             # replay: add of 64 (M transitions/s), sample (k batches/s)
 BYTES_CUBE2 = 64                              # replay: bytes a 2x2x2 transition
+# what the table reads from a `cubedqn profile --json` file
+PROFILE_KEYS = ("gemm_layers_gflops", "peak_gflops", "train_step_ms", "steps_per_min")
 
 
 def peer_tables(text: str) -> dict[str, dict[str, tuple[float, float]]]:
@@ -97,7 +99,16 @@ class Report:
 
     def json(self, name):
         text = self.text(name)
-        return json.loads(text) if text is not None else None
+        if text is None:
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"{self.folder / name} is not a JSON profile ({e})") from None
+        missing = [k for k in PROFILE_KEYS if k not in data]
+        if missing:
+            raise ValueError(f"{self.folder / name} lacks {', '.join(missing)} (not `cubedqn profile --json`?)")
+        return data
 
 
 def summary_rows(report: Report) -> list[tuple[str, str, str]]:
@@ -185,7 +196,11 @@ def main(argv=None):
     if not args.folder.is_dir():
         ap.error(f"no such folder: {args.folder}")
     report = Report(args.folder)
-    rows = summary_rows(report)
+    try:
+        rows = summary_rows(report)
+    except ValueError as e:
+        print(f"report_summary.py: {e}", file=sys.stderr)
+        return 2
     print("| target | measured | |")
     print("| --- | --- | --- |")
     for row in rows:

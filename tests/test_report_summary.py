@@ -92,3 +92,12 @@ def test_a_missing_folder_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as e:
         report_summary.main([str(tmp_path / "nowhere")])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("text, says", [("{not json", "is not a JSON profile"),
+                                        ('{"peak_gflops": 1.0}', "lacks gemm_layers_gflops, train_step_ms")])
+def test_a_file_that_is_not_a_profile_is_named_in_one_line(tmp_path, capsys, text, says):
+    (tmp_path / "profile-cube2-double-t1.json").write_text(text)
+    assert report_summary.main([str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and says in err and "profile-cube2-double-t1.json" in err
