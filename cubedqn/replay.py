@@ -274,9 +274,11 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass):
     loads: a load that misses holds up what comes after it until its line arrives, a
     prefetch does not, so more misses are in flight. The whole sample (draws, weights and
     gather), in process against the same without it (runs/perf38/per_sample_ab.py, 11
-    alternating rounds, the same bits): 1.76x / 1.81x on 1M leaves, 1.24x / 1.24x on
-    50,000. Prefetching three or four levels ahead (the line of the node's eight or
-    sixteen great-grandchildren) ran 1.33x / 1.28x on 1M."""
+    alternating rounds, the same bits, three runs): 1.75-1.81x on 1M leaves, 1.22-1.24x on
+    50,000; ReplayBuffer.sample against b250167's (per_commit_ab.py, 15 rounds): 1.65x and
+    1.13x. Prefetching further ahead instead (the line of the node's four, eight or sixteen
+    descendants two, three or four levels down) was slower than one level ahead on 1M
+    leaves: 0.78x, 0.77x, 0.74x (medians against it in the same run, per_sample_ab.txt)."""
     total = tree[1]
     n = out.shape[0]
     seg = total / n
