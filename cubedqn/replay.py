@@ -316,6 +316,17 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass):
             weights[k] /= wmax
 
 
+@njit(cache=True)
+def _sample_prioritized(rng, tree, cap2, size, beta, buf, idx, weights, mass, out, nsteps_col, gamma,
+                        discounts):
+    """A prioritized sample in one call: _prioritized_indices, then _gather. Against the
+    two called from Python one after the other (ReplayBuffer.sample in process against
+    d7e8d54's, the same bits, 15 alternating rounds, two runs: runs/perf38/
+    per_onecall_ab.txt): 1.05x / 1.04x on 1M leaves, 1.04x / 1.04x on 50,000."""
+    _prioritized_indices(rng, tree, cap2, size, beta, idx, weights, mass)
+    _gather(idx, buf, out, nsteps_col, gamma, discounts)
+
+
 class Batch:
     """Preallocated sample arrays (reused every step); field views into one record matrix."""
 
@@ -390,9 +401,9 @@ class ReplayBuffer:
             raise ValueError("cannot sample from an empty replay buffer")
         gamma = batch.discounts.dtype.type(self.gamma)
         if self.prioritized:
-            _prioritized_indices(rng, self.tree, self.cap2, self.size, beta, batch.indices, batch.weights,
-                                 batch.masses)
-            _gather(batch.indices, self.records, batch.records, self.layout.nsteps, gamma, batch.discounts)
+            _sample_prioritized(rng, self.tree, self.cap2, self.size, beta, self.records, batch.indices,
+                                batch.weights, batch.masses, batch.records, self.layout.nsteps, gamma,
+                                batch.discounts)
         else:
             _sample_uniform(rng, self.size, self.records, batch.indices, batch.records, self.layout.nsteps,
                             gamma, batch.discounts)
