@@ -258,8 +258,10 @@ def tree_find(tree, cap2, mass):
 
 
 @njit(cache=True)
-def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass):
+def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, records):
     """Stratified proportional sampling; weights = (size * P(i))^-beta / max weight.
+    records: the buffer's record matrix (C order), whose drawn rows are prefetched for the
+    gather that follows (_sample_prioritized).
 
     The n descents of the sum-tree are tree_find's, step for step, but run level by level
     side by side (out holds each one's node, mass its remaining mass: float64 scratch), so
@@ -278,10 +280,21 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass):
     50,000; ReplayBuffer.sample against b250167's (per_commit_ab.py, 15 rounds): 1.65x and
     1.13x. Prefetching further ahead instead (the line of the node's four, eight or sixteen
     descendants two, three or four levels down) was slower than one level ahead on 1M
-    leaves: 0.78x, 0.77x, 0.74x (medians against it in the same run, per_sample_ab.txt)."""
+    leaves: 0.78x, 0.77x, 0.74x (medians against it in the same run, per_sample_ab.txt).
+
+    At the last level each step prefetches its draw's record row instead, so that the
+    gather's misses overlap the weights' powers; the powers are float32's (powf), within
+    2e-7 of float64's relative to the largest weight (tested at 1e-6), and importance
+    weights need no more. On 1M / 50,000 records, called directly, medians against the same
+    kernel without them (runs/perf38/per_more_ab.txt): the rows 1.03x / 1.08x, the float32
+    powers 1.06x / 1.08x, both 1.10x / 1.18x. ReplayBuffer.sample with both and gamma's
+    cast kept, against 9358fa9's (per_rows_ab.txt, two runs): 1.18x / 1.19x on 1M,
+    1.29x / 1.27x on 50,000."""
     total = tree[1]
     n = out.shape[0]
     seg = total / n
+    flat = records.reshape(-1)
+    row = records.shape[1]
     for k in range(n):
         mass[k] = (k + uniform(rng)) * seg
         out[k] = 1
@@ -300,14 +313,20 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass):
             out[k] = node
             if ahead:
                 _prefetch(tree, 2 * node)  # the pair this draw reads at the next level
+            else:  # every line of the drawn row: a byte in each 64, and its last
+                i = min(node - cap2, size - 1) * row
+                for b in range(0, row - 1, 64):
+                    _prefetch(flat, i + b)
+                _prefetch(flat, i + row - 1)
     wmax = 0.0
+    power = np.float32(-beta)
     for k in range(n):
         i = out[k] - cap2
         if i >= size:
             i = size - 1
         out[k] = i
         p = tree[cap2 + i] / total
-        w = (size * p) ** (-beta) if p > 0 else 0.0
+        w = np.float64(np.float32(size * p) ** power) if p > 0 else 0.0
         weights[k] = w
         if w > wmax:
             wmax = w
@@ -323,7 +342,7 @@ def _sample_prioritized(rng, tree, cap2, size, beta, buf, idx, weights, mass, ou
     two called from Python one after the other (ReplayBuffer.sample in process against
     d7e8d54's, the same bits, 15 alternating rounds, two runs: runs/perf38/
     per_onecall_ab.txt): 1.05x / 1.04x on 1M leaves, 1.04x / 1.04x on 50,000."""
-    _prioritized_indices(rng, tree, cap2, size, beta, idx, weights, mass)
+    _prioritized_indices(rng, tree, cap2, size, beta, idx, weights, mass, buf)
     _gather(idx, buf, out, nsteps_col, gamma, discounts)
 
 
@@ -348,7 +367,8 @@ class ReplayBuffer:
                  alpha=0.6, eps=1e-3):
         if capacity <= 0:
             raise ValueError("buffer_size must be positive")
-        self.capacity, self.n_stickers, self.gamma = capacity, n_stickers, gamma
+        self.capacity, self.n_stickers, self._gamma = capacity, n_stickers, gamma
+        self._gamma_dtype = self._gamma_cast = None  # gamma in the last sampled batch's dtype
         self.layout = RecordLayout(n_stickers)
         self.records = np.zeros((capacity, self.layout.width), np.uint8)
         (self.states, self.next_states, self.actions, self.dones, self.nsteps,
@@ -360,6 +380,11 @@ class ReplayBuffer:
         self.tree = np.zeros(2 * self.cap2 if prioritized else 0, np.float64)
         self._ascents = (np.zeros(0, np.int64), np.zeros(0, np.float64))  # update_priorities' scratch
         self.max_priority = 1.0
+
+    @property
+    def gamma(self):
+        """The discount factor, fixed at construction (sample caches it in the batch's dtype)."""
+        return self._gamma
 
     @property
     def nbytes_per_transition(self):
@@ -399,7 +424,11 @@ class ReplayBuffer:
     def sample(self, rng: np.ndarray, batch: Batch, beta: float = 0.4):
         if self.size == 0:
             raise ValueError("cannot sample from an empty replay buffer")
-        gamma = batch.discounts.dtype.type(self.gamma)
+        dtype = batch.discounts.dtype
+        if dtype is not self._gamma_dtype:  # a numpy scalar takes ~0.65 us to make: once per dtype
+            # (the uniform sample of 64 ran 1.09-1.17x with it, runs/perf38/per_rows_ab.txt)
+            self._gamma_dtype, self._gamma_cast = dtype, dtype.type(self._gamma)
+        gamma = self._gamma_cast
         if self.prioritized:
             _sample_prioritized(rng, self.tree, self.cap2, self.size, beta, self.records, batch.indices,
                                 batch.weights, batch.masses, batch.records, self.layout.nsteps, gamma,

@@ -75,18 +75,23 @@ def test_replay_add_matches_a_plain_ring(prioritized):
 def test_replay_sample_gathers_the_sampled_records(stickers, prioritized):
     """sample's gather (two passes: a byte of each cache line first, then the rows) gives
     the sampled records as they are and gamma to the power of their n-step counts, for
-    records of one, two and four cache lines."""
+    records of one, two and four cache lines; gamma in each batch's own dtype (sample
+    keeps it cast for the last dtype: float64 after float32 must not reuse float32's)."""
     rng = np.random.default_rng(4)
     buf = ReplayBuffer(3000, stickers, gamma=0.9, prioritized=prioritized)
     rec = rng.integers(0, 256, (3000, buf.layout.width)).astype(np.uint8)
     rec[:, buf.layout.nsteps] = rng.integers(1, 6, 3000)
     buf.add(rec)
-    batch = Batch(64, stickers, np.float32)
-    buf.sample(make_rng(2), batch)
-    assert len(set(batch.indices.tolist())) > 1
-    assert np.array_equal(batch.records, rec[batch.indices])
-    np.testing.assert_allclose(batch.discounts, 0.9 ** rec[batch.indices, buf.layout.nsteps].astype(np.float64),
-                               rtol=1e-6)
+    state = make_rng(2)
+    for dtype, rtol in ((np.float32, 1e-6), (np.float64, 1e-13), (np.float32, 1e-6)):
+        batch = Batch(64, stickers, dtype)
+        buf.sample(state, batch)
+        assert len(set(batch.indices.tolist())) > 1
+        assert np.array_equal(batch.records, rec[batch.indices])
+        np.testing.assert_allclose(batch.discounts, 0.9 ** rec[batch.indices, buf.layout.nsteps].astype(np.float64),
+                                   rtol=rtol)
+    with pytest.raises(AttributeError):
+        buf.gamma = 0.5  # fixed at construction: sample's cast of it would go stale
 
 
 def test_replay_ring_round_trip_and_wraparound(tmp_path):
@@ -129,10 +134,12 @@ def test_uniform_sampling_distribution():
 
 @pytest.mark.parametrize("capacity,size", [(1, 1), (3, 2), (13, 13), (20, 20), (40, 37), (1000, 700), (5000, 5000),
                                            (1 << 18, 3000)])
-def test_prioritized_sampling_descends_as_tree_find_does(capacity, size):
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_prioritized_sampling_descends_as_tree_find_does(capacity, size, dtype):
     """The sampler's descents, run level by level side by side, pick what tree_find picks
     one at a time from the same draws (zero priorities among the leaves too; trees of 0 to
-    18 levels), and the same importance weights."""
+    18 levels), and the importance weights float64 gives, within 1e-6 (their powers are
+    float32's) in a batch of either dtype."""
     from cubedqn.rng import uniform
     rng = np.random.default_rng(capacity)
     buf = ReplayBuffer(capacity, 24, gamma=0.9, prioritized=True)
@@ -140,7 +147,7 @@ def test_prioritized_sampling_descends_as_tree_find_does(capacity, size):
     pri = rng.uniform(0, 2, size) * (rng.uniform(size=size) > 0.2)  # a fifth of them zero
     pri[0] = max(pri[0], 0.1)
     tree_set(buf.tree, buf.cap2, np.arange(size), pri)
-    batch = Batch(64, 24, np.float32)
+    batch = Batch(64, 24, dtype)
     state = make_rng(7)
     mine = state.copy()
     buf.sample(mine, batch, beta=0.4)
