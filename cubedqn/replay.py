@@ -446,8 +446,10 @@ class ReplayBuffer:
         n = len(indices)
         if len(self._ascents[0]) != n:  # scratch, made once per batch size
             self._ascents = (np.zeros(n, np.int64), np.zeros(n, np.float64))
-        top = _set_priorities(self.tree, self.cap2, indices, td_errors, self.eps, self.alpha, *self._ascents)
-        self.max_priority = max(self.max_priority, float(top))
+        top = float(_set_priorities(self.tree, self.cap2, indices, td_errors, self.eps, self.alpha,
+                                    *self._ascents))
+        if top > self.max_priority:  # not max(): ~0.24 us a call in CPython 3.11
+            self.max_priority = top
 
     # -- persistence --------------------------------------------------------------------
     def arrays(self):
