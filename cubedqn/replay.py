@@ -244,6 +244,9 @@ def _prefetch(typingctx, arr, i):
     return types.none(arr, i), codegen
 
 
+_F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
+
+
 @njit(cache=True)
 def tree_find(tree, cap2, mass):
     """Leaf index i such that the prefix sum of leaves before i <= mass < prefix incl. i.
@@ -292,7 +295,11 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
     kernel without them (runs/perf38/per_more_ab.txt): the rows 1.03x / 1.08x, the float32
     powers 1.06x / 1.08x, both 1.10x / 1.18x. ReplayBuffer.sample with both and gamma's
     cast kept, against 9358fa9's (per_rows_ab.txt, two runs): 1.18x / 1.19x on 1M,
-    1.29x / 1.27x on 50,000."""
+    1.29x / 1.27x on 50,000. Where size * P(i) is below float32's normal range the power is
+    float64's, and the weights are normalised from float64 scratch (mass, free by then):
+    before, a weight above float32's range was stored unnormalised in a float32 batch as
+    inf (then inf or NaN), as a drawn leaf under 1e-96 of the mean priority would be at beta
+    0.4 (tested). Cost: 0.97-1.00x (per_weights_ab.txt)."""
     total = tree[1]
     n = out.shape[0]
     seg = total / n
@@ -328,14 +335,16 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
         if i >= size:
             i = size - 1
         out[k] = i
-        p = tree[cap2 + i] / total
-        w = np.float64(np.float32(size * p) ** power) if p > 0 else 0.0
-        weights[k] = w
+        x = size * (tree[cap2 + i] / total)  # size * P(i)
+        if x >= _F32_TINY:
+            w = np.float64(np.float32(x) ** power)
+        else:  # below float32's normal range (powf would see 0 and give inf): float64's power
+            w = x ** (-beta) if x > 0 else 0.0
+        mass[k] = w  # unnormalised in float64: a float32 batch would hold a weight > 3e38 as inf
         if w > wmax:
             wmax = w
-    if wmax > 0:
-        for k in range(n):
-            weights[k] /= wmax
+    for k in range(n):
+        weights[k] = mass[k] / wmax if wmax > 0 else 0.0
 
 
 @njit(cache=True)

@@ -161,6 +161,21 @@ def test_prioritized_sampling_descends_as_tree_find_does(capacity, size, dtype):
     np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-6)
 
 
+def test_prioritized_weights_stay_finite_for_a_leaf_below_float32s_range():
+    """The weights' powers are float32's, but size * P(i) below float32's normal range
+    (powf would see 0: an infinite weight, then NaN after the division by the largest)
+    takes float64's power. Reached here through the clamp of draws past the filled leaves
+    onto the last one, whose priority is 1e-300 of the others'."""
+    buf = ReplayBuffer(4, 24, gamma=0.9, prioritized=True)
+    buf.add(np.zeros((2, buf.layout.width), np.uint8))
+    tree_set(buf.tree, buf.cap2, np.arange(3), np.array([1.0, 1e-300, 5.0]))  # leaf 2: past size
+    batch = Batch(64, 24, np.float32)
+    buf.sample(make_rng(0), batch)
+    assert set(batch.indices.tolist()) == {0, 1}
+    assert np.isfinite(batch.weights).all() and batch.weights.max() == 1.0
+    assert (batch.weights[batch.indices == 1] == 1.0).all()  # the rarest leaf has the largest weight
+
+
 @pytest.mark.parametrize("capacity", [1, 13, 1000])
 def test_priority_updates_set_the_tree_as_tree_set_does(capacity):
     """update_priorities (its ascents level by level side by side) leaves the sum-tree
