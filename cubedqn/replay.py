@@ -209,7 +209,8 @@ def _add_prioritized(records, src, pos, count, tree, value):
     too small for it: ReplayBuffer.add says so first, in its own words). Numpy's slice
     copy and a second call took 1.13-1.31x its time (batches of 256 and 64, in process,
     runs/perf36/per_add_call_ab.py). The capacity and the leaves' offset are read from the
-    arrays rather than passed: each argument costs the call ~0.1 us to unbox."""
+    arrays rather than passed, two fewer for the call to unbox (a do-nothing call on 13
+    arguments took 1.85 us, on 3 0.69: runs/perf38/costs.txt)."""
     capacity, cap2 = records.shape[0], tree.shape[0] // 2
     if src.shape[1] != records.shape[1] or count > src.shape[0]:
         raise ValueError("records of another width than the buffer's, or fewer than the count")
@@ -437,7 +438,7 @@ class ReplayBuffer:
         if self.size == 0:
             raise ValueError("cannot sample from an empty replay buffer")
         dtype = batch.discounts.dtype
-        if dtype is not self._gamma_dtype:  # a numpy scalar takes ~0.65 us to make: once per dtype
+        if dtype is not self._gamma_dtype:  # a numpy scalar takes 0.5-0.7 us to make: once per dtype
             # (the uniform sample of 64 ran 1.09-1.17x with it, runs/perf38/per_rows_ab.txt)
             self._gamma_dtype, self._gamma_cast = dtype, dtype.type(self._gamma)
         gamma = self._gamma_cast
@@ -457,7 +458,7 @@ class ReplayBuffer:
             self._ascents = (np.zeros(n, np.int64), np.zeros(n, np.float64))
         top = float(_set_priorities(self.tree, self.cap2, indices, td_errors, self.eps, self.alpha,
                                     *self._ascents))
-        if top > self.max_priority:  # not max(): ~0.24 us a call in CPython 3.11
+        if top > self.max_priority:  # not max(): 0.24 us a call in CPython 3.11 (runs/perf38/costs.txt)
             self.max_priority = top
 
     # -- persistence --------------------------------------------------------------------
