@@ -54,7 +54,9 @@ def _gather(idx, buf, out, nsteps_col, gamma, discounts):
     overlap; the second copies the rows from the cache and reads their n-step counts.
     Rows from a 1M-record buffer, 64 a call, in process against one pass (runs/perf34/
     gather_ab.py, 9 alternating rounds, three runs): 1.95-1.97x for 56-byte rows,
-    2.42-2.80x for 116; with gamma ** n in the first pass, 1.28-1.49x."""
+    2.42-2.80x for 116; with gamma ** n in the first pass, 1.28-1.49x. gamma ** n is
+    computed again only where n changes from the row before (the same expression, so the
+    same bits): the powers took 0.25 of 1.8 us (64 rows, hot; runs/perf39/gather_parts.txt)."""
     w = buf.shape[1]
     for k in range(idx.shape[0]):
         src = buf[idx[k]]
@@ -64,12 +66,17 @@ def _gather(idx, buf, out, nsteps_col, gamma, discounts):
         if w > 128:
             out[k, 128] = src[128]
         out[k, w - 1] = src[w - 1]
+    n_last = buf[0, nsteps_col] & np.uint8(0)  # 0, typed as the counts are
+    discount = gamma ** n_last
     for k in range(idx.shape[0]):
         src = buf[idx[k]]
         dst = out[k]
         for j in range(w):
             dst[j] = src[j]
-        discounts[k] = gamma ** src[nsteps_col]
+        n = src[nsteps_col]
+        if n != n_last:  # most rows have the run's n-step count: its power once
+            n_last, discount = n, gamma ** n
+        discounts[k] = discount
 
 
 @njit(cache=True)
@@ -245,7 +252,88 @@ def _prefetch(typingctx, arr, i):
     return types.none(arr, i), codegen
 
 
-_F32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32
+@intrinsic
+def _bits(typingctx, x):
+    """The int64 whose bits are float64 x's."""
+    if not isinstance(x, types.Float) or x.bitwidth != 64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+    return types.int64(x), codegen
+
+
+@intrinsic
+def _from_bits(typingctx, b):
+    """The float64 whose bits are int64 b's."""
+    if not isinstance(b, types.Integer) or b.bitwidth != 64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(b), codegen
+
+
+_MANTISSA, _ONE = (1 << 52) - 1, 1023 << 52  # float64's fraction bits; 1.0's bits
+_TWO52, _TWO52_BITS = 4503599627370496.0, 0x4330000000000000  # 2^52 + n's bits are 2^52's + n (0 <= n < 2^52)
+_TWO54 = 18014398509481984.0
+_F64_TINY = 2.2250738585072014e-308  # the smallest normal float64
+_SQRT2 = 1.4142135623730951
+_LN2_HI, _LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10  # ln 2 = HI + LO; HI * k exact
+_INV_LN2 = 1.44269504088896338700e+00
+
+
+@njit(cache=True, inline="always")
+def _pow2(k):
+    """2.0 ** k for an integer-valued float64 k in [-1022, 1023], from bits."""
+    return _from_bits((_bits(k + (_TWO52 + 1023.0)) - _TWO52_BITS) << 52)
+
+
+@njit(cache=True, error_model="numpy", fastmath={"contract"})
+def positive_powers(x, p):
+    """x[k] = x[k] ** p in place where x[k] > 0, and 0 where it is 0 (float64 x, finite,
+    >= 0; p finite), within about 1e-13 of libm's pow relative, where the result is
+    normal, and 1e-13 of float64's smallest normal absolute where it is subnormal (tested;
+    0 and inf where pow underflows or overflows). For the prioritized sample's importance weights,
+    (size * P(i)) ** -beta, 0 for a leaf that cannot be drawn. libm's pow is a call per
+    element, 15 ns each here; this loop has no call and no branch, so the compiler
+    vectorizes it: 64 elements in 0.60 us against 1.51 for pow and 0.75 for float32's powf
+    (runs/perf39/powers_check.py / .txt, which also has its errors).
+
+    x = m 2^e with m in [sqrt(1/2), sqrt(2)) (a subnormal x scaled by 2^54 first): log m =
+    2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, by its series to s^17 (the next term
+    under 1e-15); then y = p log x, clamped to [-746, 710] (beyond them the result is 0 or
+    inf), and exp y = 2^k exp(r), k = round(y / ln 2), |r| <= ln 2 / 2, by Taylor's series
+    to r^12 (the next term under 2e-16), 2^k applied as two factors so that a subnormal
+    result is rounded once."""
+    for k in range(x.shape[0]):
+        v = x[k]
+        sub = v < _F64_TINY
+        b = _bits(v * _TWO54 if sub else v)
+        e = (_from_bits((b >> 52) | _TWO52_BITS) - _TWO52) - (1077.0 if sub else 1023.0)
+        m = _from_bits((b & _MANTISSA) | _ONE)  # [1, 2)
+        big = m > _SQRT2
+        m = m * 0.5 if big else m
+        e = e + 1.0 if big else e
+        s = (m - 1.0) / (m + 1.0)
+        z = s * s
+        # the series by Estrin's scheme: shorter chains of dependent operations than Horner's
+        z2 = z * z
+        z4 = z2 * z2
+        log_m = s * ((2.0 + 2.0 / 3 * z) + (2.0 / 5 + 2.0 / 7 * z) * z2
+                     + ((2.0 / 9 + 2.0 / 11 * z) + (2.0 / 13 + 2.0 / 15 * z) * z2) * z4 + 2.0 / 17 * (z4 * z4))
+        y = p * (e * _LN2_HI + (e * _LN2_LO + log_m))
+        y = min(max(y, -746.0), 710.0)
+        kf = np.floor(y * _INV_LN2 + 0.5)
+        r = (y - kf * _LN2_HI) - kf * _LN2_LO
+        r2 = r * r
+        r4 = r2 * r2
+        er = (((1.0 + r) + (1.0 / 2 + 1.0 / 6 * r) * r2) + ((1.0 / 24 + 1.0 / 120 * r) + (1.0 / 720 + 1.0 / 5040 * r) * r2) * r4
+              + (((1.0 / 40320 + 1.0 / 362880 * r) + (1.0 / 3628800 + 1.0 / 39916800 * r) * r2) + 1.0 / 479001600 * r4)
+              * (r4 * r4))
+        k1 = np.floor(kf * 0.5)
+        w = er * _pow2(k1) * _pow2(kf - k1)
+        x[k] = w if v > 0.0 else 0.0
 
 
 @njit(cache=True)
@@ -290,17 +378,14 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
     leaves: 0.78x, 0.77x, 0.74x (medians against it in the same run, per_sample_ab.txt).
 
     At the last level each step prefetches its draw's record row instead, so that the
-    gather's misses overlap the weights' powers; the powers are float32's (powf), within
-    2e-7 of float64's relative to the largest weight (tested at 1e-6), and importance
-    weights need no more. On 1M / 50,000 records, called directly, medians against the same
-    kernel without them (runs/perf38/per_more_ab.txt): the rows 1.03x / 1.08x, the float32
-    powers 1.06x / 1.08x, both 1.10x / 1.18x. ReplayBuffer.sample with both and gamma's
-    cast kept, against 9358fa9's (per_rows_ab.txt, two runs): 1.18x / 1.19x on 1M,
-    1.29x / 1.27x on 50,000. Where size * P(i) is below float32's normal range the power is
-    float64's, and the weights are normalised from float64 scratch (mass, free by then):
-    before, a weight above float32's range was stored unnormalised in a float32 batch as
-    inf (then inf or NaN), as a drawn leaf under 1e-96 of the mean priority would be at beta
-    0.4 (tested). Cost: 0.97-1.00x (per_weights_ab.txt)."""
+    gather's misses overlap the weights' powers. On 1M / 50,000 records, called directly,
+    medians against the same kernel without it (runs/perf38/per_more_ab.txt): 1.03x /
+    1.08x. The powers are positive_powers', float64's within about 1e-13, and the weights
+    are normalised from them (mass, free by then) before they are rounded to the batch's
+    dtype: a weight above float32's range, as a drawn leaf under 1e-96 of the mean priority
+    has at beta 0.4, would otherwise be stored as inf (tested). ReplayBuffer.sample with
+    them against 668bd7d's float32 powf (runs/perf39/sample_ab.txt, with the gather's
+    change, two runs, 15 alternating rounds each): 1.05x / 1.03x on 1M records."""
     total = tree[1]
     n = out.shape[0]
     seg = total / n
@@ -329,21 +414,17 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
                 for b in range(0, row - 1, 64):
                     _prefetch(flat, i + b)
                 _prefetch(flat, i + row - 1)
-    wmax = 0.0
-    power = np.float32(-beta)
     for k in range(n):
         i = out[k] - cap2
         if i >= size:
             i = size - 1
         out[k] = i
-        x = size * (tree[cap2 + i] / total)  # size * P(i)
-        if x >= _F32_TINY:
-            w = np.float64(np.float32(x) ** power)
-        else:  # below float32's normal range (powf would see 0 and give inf): float64's power
-            w = x ** (-beta) if x > 0 else 0.0
-        mass[k] = w  # unnormalised in float64: a float32 batch would hold a weight > 3e38 as inf
-        if w > wmax:
-            wmax = w
+        mass[k] = size * (tree[cap2 + i] / total)  # size * P(i)
+    positive_powers(mass, -beta)  # unnormalised in float64: a float32 batch would hold a weight > 3e38 as inf
+    wmax = 0.0
+    for k in range(n):
+        if mass[k] > wmax:
+            wmax = mass[k]
     for k in range(n):
         weights[k] = mass[k] / wmax if wmax > 0 else 0.0
 

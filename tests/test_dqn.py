@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from numba import njit
 
 from cubedqn import blas, reference as ref
 from cubedqn.checkpoint import CheckpointError
@@ -70,6 +71,14 @@ def test_replay_add_matches_a_plain_ring(prioritized):
             buf.add(np.asfortranarray(rec), count)
 
 
+@njit(cache=False)
+def _powers_row_by_row(gamma, n, out):
+    """out[k] = gamma ** n[k] (gamma a scalar of out's dtype, n uint8: _gather's types)."""
+    for k in range(n.shape[0]):
+        out[k] = gamma ** n[k]
+    return out
+
+
 @pytest.mark.parametrize("stickers", [24, 54, 96])  # records of 56, 116 and 200 bytes
 @pytest.mark.parametrize("prioritized", [False, True])
 def test_replay_sample_gathers_the_sampled_records(stickers, prioritized):
@@ -88,8 +97,18 @@ def test_replay_sample_gathers_the_sampled_records(stickers, prioritized):
         buf.sample(state, batch)
         assert len(set(batch.indices.tolist())) > 1
         assert np.array_equal(batch.records, rec[batch.indices])
-        np.testing.assert_allclose(batch.discounts, 0.9 ** rec[batch.indices, buf.layout.nsteps].astype(np.float64),
-                                   rtol=rtol)
+        n = rec[batch.indices, buf.layout.nsteps]
+        np.testing.assert_allclose(batch.discounts, 0.9 ** n.astype(np.float64), rtol=rtol)
+        # the power is computed again only where n changes from the row before: the same
+        # bits as gamma ** n row by row (both orders of rows, runs of one n included)
+        assert np.array_equal(batch.discounts, _powers_row_by_row(dtype(0.9), n, np.empty(64, dtype)))
+    buf.nsteps[:] = np.repeat([0, 3, 3, 1, 0], 600)  # long runs of one n, 0 first
+    for dtype in (np.float32, np.float64):
+        batch = Batch(64, stickers, dtype)
+        buf.sample(state, batch)
+        n = buf.nsteps[batch.indices]
+        assert len(set(n.tolist())) > 1
+        assert np.array_equal(batch.discounts, _powers_row_by_row(dtype(0.9), n, np.empty(64, dtype)))
     with pytest.raises(AttributeError):
         buf.gamma = 0.5  # fixed at construction: sample's cast of it would go stale
 
@@ -138,8 +157,8 @@ def test_uniform_sampling_distribution():
 def test_prioritized_sampling_descends_as_tree_find_does(capacity, size, dtype):
     """The sampler's descents, run level by level side by side, pick what tree_find picks
     one at a time from the same draws (zero priorities among the leaves too; trees of 0 to
-    18 levels), and the importance weights float64 gives, within 1e-6 (their powers are
-    float32's) in a batch of either dtype."""
+    18 levels), and the importance weights float64's pow gives, rounded once to the batch's
+    dtype (positive_powers is within about 1e-13 of pow)."""
     from cubedqn.rng import uniform
     rng = np.random.default_rng(capacity)
     buf = ReplayBuffer(capacity, 24, gamma=0.9, prioritized=True)
@@ -158,14 +177,15 @@ def test_prioritized_sampling_descends_as_tree_find_does(capacity, size, dtype):
         want.append(i)
     assert batch.indices.tolist() == want and np.array_equal(mine, state)
     w = (size * tree[cap2 + np.array(want)] / total) ** -0.4
-    np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-6)
+    np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-6 if dtype == np.float32 else 1e-12)
 
 
 def test_prioritized_weights_stay_finite_for_a_leaf_below_float32s_range():
-    """The weights' powers are float32's, but size * P(i) below float32's normal range
-    (powf would see 0: an infinite weight, then NaN after the division by the largest)
-    takes float64's power. Reached here through the clamp of draws past the filled leaves
-    onto the last one, whose priority is 1e-300 of the others'."""
+    """A weight beyond float32's range ((1e-300 / 3) ** -0.4, about 1e120) is normalised in
+    float64 before it is rounded to the batch's dtype (stored first, it was inf, and the
+    weights inf or NaN after the division by the largest; with float32 powers, powf saw 0).
+    Reached here through the clamp of draws past the filled leaves onto the last one, whose
+    priority is 1e-300 of the others'."""
     buf = ReplayBuffer(4, 24, gamma=0.9, prioritized=True)
     buf.add(np.zeros((2, buf.layout.width), np.uint8))
     tree_set(buf.tree, buf.cap2, np.arange(3), np.array([1.0, 1e-300, 5.0]))  # leaf 2: past size
@@ -174,6 +194,33 @@ def test_prioritized_weights_stay_finite_for_a_leaf_below_float32s_range():
     assert set(batch.indices.tolist()) == {0, 1}
     assert np.isfinite(batch.weights).all() and batch.weights.max() == 1.0
     assert (batch.weights[batch.indices == 1] == 1.0).all()  # the rarest leaf has the largest weight
+
+
+@pytest.mark.parametrize("p", [-1.0, -0.4, -0.123, 0.0, -0.0, 0.5, 1.0, -2.5, 1.7])
+def test_positive_powers_match_pow_over_float64s_range(p):
+    """replay.positive_powers (the importance weights' powers: polynomials, no call) against
+    libm's pow through numpy: within 2e-13 relative where the result is normal, within
+    2e-13 of the smallest normal where it is subnormal, and the same 0 or inf where pow
+    underflows or overflows; x from 5e-324 to float64's largest, the ends of [sqrt(1/2),
+    sqrt(2)) and powers of two included; 0 gives 0 (a leaf that cannot be drawn)."""
+    from cubedqn.replay import positive_powers
+    rng = np.random.default_rng(5)
+    tiny = np.finfo(np.float64).tiny
+    x = np.concatenate([10.0 ** rng.uniform(-330, 308.2, 20000), rng.uniform(0.5, 2, 5000),
+                        [0.0, 5e-324, 1e-320, tiny, np.nextafter(tiny, 0), 1.0, 2.0, 0.5, 2.0 ** -1022, 2.0 ** 1023,
+                         np.sqrt(0.5), np.sqrt(2), np.nextafter(np.sqrt(2), 3), np.finfo(np.float64).max]])
+    got = x.copy()
+    positive_powers(got, p)
+    with np.errstate(all="ignore"):
+        want = np.where(x > 0, np.power(x, p), 0.0)
+    normal = np.isfinite(want) & (want >= tiny)
+    np.testing.assert_allclose(got[normal], want[normal], rtol=2e-13, atol=0)
+    sub = (want > 0) & (want < tiny)
+    assert np.abs(got[sub] - want[sub]).max(initial=0.0) <= 2e-13 * tiny
+    edge = ~normal & ~sub
+    assert np.array_equal(got[edge], want[edge])
+    assert sub.any() == (abs(p) >= 1)  # subnormal results are reached where |p| >= 1
+    assert (got[x == 0] == 0.0).all() and got.dtype == np.float64
 
 
 @pytest.mark.parametrize("capacity", [1, 13, 1000])
