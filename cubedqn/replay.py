@@ -56,7 +56,8 @@ def _gather(idx, buf, out, nsteps_col, gamma, discounts):
     gather_ab.py, 9 alternating rounds, three runs): 1.95-1.97x for 56-byte rows,
     2.42-2.80x for 116; with gamma ** n in the first pass, 1.28-1.49x. gamma ** n is
     computed again only where n changes from the row before (the same expression, so the
-    same bits): the powers took 0.25 of 1.8 us (64 rows, hot; runs/perf39/gather_parts.txt)."""
+    same bits): 64 hot rows took 2.35 us with a power each, 2.05 with none, and now 2.24
+    with n at random, 2.13 with one n (runs/perf39/gather_parts.py / .txt)."""
     w = buf.shape[1]
     for k in range(idx.shape[0]):
         src = buf[idx[k]]
@@ -387,7 +388,8 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
     dtype: a weight above float32's range, as a drawn leaf under 1e-96 of the mean priority
     has at beta 0.4, would otherwise be stored as inf (tested). ReplayBuffer.sample with
     them against 668bd7d's float32 powf (runs/perf39/sample_ab.txt, with the gather's
-    change, two runs, 15 alternating rounds each): 1.05x / 1.03x on 1M records."""
+    change, two runs, 15 alternating rounds each): 1.04x / 1.02x on 1M records, 1.12x /
+    1.07x on 50,000."""
     total = tree[1]
     n = out.shape[0]
     seg = total / n

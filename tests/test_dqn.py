@@ -100,7 +100,7 @@ def test_replay_sample_gathers_the_sampled_records(stickers, prioritized):
         n = rec[batch.indices, buf.layout.nsteps]
         np.testing.assert_allclose(batch.discounts, 0.9 ** n.astype(np.float64), rtol=rtol)
         # the power is computed again only where n changes from the row before: the same
-        # bits as gamma ** n row by row (both orders of rows, runs of one n included)
+        # bits as gamma ** n row by row (here n changes often; below, in long runs)
         assert np.array_equal(batch.discounts, _powers_row_by_row(dtype(0.9), n, np.empty(64, dtype)))
     buf.nsteps[:] = np.repeat([0, 3, 3, 1, 0], 600)  # long runs of one n, 0 first
     for dtype in (np.float32, np.float64):
