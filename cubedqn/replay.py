@@ -67,7 +67,7 @@ def _gather(idx, buf, out, nsteps_col, gamma, discounts):
         if w > 128:
             out[k, 128] = src[128]
         out[k, w - 1] = src[w - 1]
-    n_last = buf[0, nsteps_col] & np.uint8(0)  # 0, typed as the counts are
+    n_last = np.uint8(0)  # the records' bytes: a count is a uint8
     discount = gamma ** n_last
     for k in range(idx.shape[0]):
         src = buf[idx[k]]
