@@ -33,7 +33,7 @@ import os
 import time
 
 import numpy as np
-from numba import njit, types
+from numba import njit, typeof, types
 from numba.experimental import structref
 
 from . import clock
@@ -501,7 +501,7 @@ class Learner:
         self.scalars = np.zeros(3, self.dtype)  # the one-call step's learning rate and bias corrections
         self._call_s = 0.0      # the fused calls' wall time since their parts were last booked
         self._booked_to = None  # the PhaseTimer those sums go to (attached to it)
-        self._fused_args = (None, None, None)  # (batch, use_weights, its StepArgs)
+        self._fused_args = (None, None, None, None)  # (batch, use_weights, its StepArgs, the kernel's entry)
         self.updates = 0
         self.last_loss = 0.0
 
@@ -596,7 +596,8 @@ class Learner:
         opt.begin_step()
         sc = self.scalars  # this step's numbers, in the buffer's dtype as step_args makes them
         sc[0], sc[1], sc[2] = opt.step_scalars()
-        loss, norm = fused_sampled_step(self._step_args(batch, use_weights))
+        args, kernel = self._step_args(batch, use_weights)
+        loss, norm = kernel(args)
         opt.last_norm = float(norm)
         self.updates += 1
         t2 = time.perf_counter()
@@ -607,10 +608,14 @@ class Learner:
 
     def _step_args(self, batch, use_weights):
         """fused_sampled_step's StepArgs for this batch object (its arrays are reused from
-        step to step, as are the learner's and the optimizer's), made once per batch."""
-        last_batch, last_weights, args = self._fused_args
+        step to step, as are the learner's and the optimizer's), made once per batch, and the
+        compiled kernel for their type: its entry point, called without the dispatcher's
+        typing of the argument and its lookup of the overload. Right after a step, whose code
+        and data have been through the caches, a call through the dispatcher took 14.8 us
+        to a do-nothing kernel and its entry point 6.6 (docs/performance-log.md, stop 47)."""
+        last_batch, last_weights, args, kernel = self._fused_args
         if batch is last_batch and use_weights == last_weights:
-            return args
+            return args, kernel
         on, tg, ws, wt, enc, opt = self.online, self.target, self.ws, self.ws_t, self.encoder, self.opt
         kind, clip, max_norm, mu, b1, b2, eps, wd = opt.constants
         args = make_step_args(
@@ -626,8 +631,11 @@ class Learner:
             kind, clip, max_norm, on.params, self.grads, self.gWs, self.gbs, opt.m, opt.v, opt.slices, mu, b1,
             b2, eps, wd, opt.ctx,
             self.stamps, self.scalars)
-        self._fused_args = (batch, use_weights, args)
-        return args
+        # compile() returns the overload's entry point: loaded from the cache or compiled
+        # as the dispatcher's first call would, or the one it already holds
+        kernel = fused_sampled_step.compile((typeof(args),))
+        self._fused_args = (batch, use_weights, args, kernel)
+        return args, kernel
 
     def _book_to(self, timer):
         """The fused step's part sums go to `timer` from now on (None: nowhere): what the

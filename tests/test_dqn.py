@@ -640,9 +640,13 @@ def test_fused_step_reuses_its_arguments_for_the_same_batch():
         assert np.array_equal(f.td, p.td) and np.array_equal(f.online.params, p.online.params)
         assert np.array_equal(f.opt.m, p.opt.m) and np.array_equal(f.target.params, p.target.params)
     b = batches[1]
-    args = f._step_args(b, False)
-    assert f._step_args(b, False) is args
-    assert f._step_args(b, True) is not args and f._step_args(batches[0], True) is not args
+    args, kernel = f._step_args(b, False)
+    assert f._step_args(b, False)[0] is args
+    assert f._step_args(b, True)[0] is not args and f._step_args(batches[0], True)[0] is not args
+    # the kernel called is the dispatcher's own overload for the StepArgs' type
+    from numba import typeof
+    from cubedqn.learner import fused_sampled_step
+    assert kernel is fused_sampled_step.overloads[(typeof(args),)].entry_point
 
 
 def test_fused_parts_are_booked_to_the_timer_they_ran_under():
