@@ -22,6 +22,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from .calls import Entry
 from .rng import below, uniform
 
 
@@ -81,7 +82,7 @@ def _gather(idx, buf, out, nsteps_col, gamma, discounts):
 
 
 @njit(cache=True)
-def _sample_uniform(rng, size, buf, idx, out, nsteps_col, gamma, discounts):
+def _sample_uniform(rng, buf, idx, out, nsteps_col, gamma, discounts, size):
     for k in range(idx.shape[0]):
         idx[k] = below(rng, size)
     _gather(idx, buf, out, nsteps_col, gamma, discounts)
@@ -209,7 +210,7 @@ def _copy_rows_overload(dst, d0, src, s0, n):
 
 
 @njit(cache=True)
-def _add_prioritized(records, src, pos, count, tree, value):
+def _add_prioritized(records, src, tree, pos, count, value):
     """A prioritized add in one call: src's first count rows into the ring (records, whose
     rows are its capacity) at pos, wrapping, and their leaves set to value (_fill_ring; the
     tree's leaves are its second half). Rows of another width, or fewer than count, raise
@@ -434,8 +435,8 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
 
 
 @njit(cache=True)
-def _sample_prioritized(rng, tree, cap2, size, beta, buf, idx, weights, mass, out, nsteps_col, gamma,
-                        discounts):
+def _sample_prioritized(rng, tree, cap2, buf, idx, weights, mass, out, nsteps_col, gamma, discounts, size,
+                        beta):
     """A prioritized sample in one call: _prioritized_indices, then _gather. Against the
     two called from Python one after the other (ReplayBuffer.sample in process against
     d7e8d54's, the same bits, 15 alternating rounds, two runs: runs/perf38/
@@ -457,6 +458,13 @@ class Batch:
         self.indices = np.zeros(n, np.int64)
         self.masses = np.zeros(n, np.float64)  # the prioritized sampler's scratch
 
+    def __setattr__(self, name, value):
+        # the arrays are made once: ReplayBuffer.sample keeps its kernel's entry point for
+        # them (calls.py), which reads its arguments as the types they had
+        if name in self.__dict__:
+            raise AttributeError(f"a Batch's arrays are fixed: write into batch.{name}[...] instead")
+        object.__setattr__(self, name, value)
+
 
 class ReplayBuffer:
     """Ring buffer of transition records; optional proportional prioritization."""
@@ -466,14 +474,17 @@ class ReplayBuffer:
         if capacity <= 0:
             raise ValueError("buffer_size must be positive")
         self.capacity, self.n_stickers, self._gamma = capacity, n_stickers, gamma
-        self._gamma_dtype = self._gamma_cast = None  # gamma in the last sampled batch's dtype
+        # the kernels' entry points while they are called on the same arrays (calls.Entry)
+        self._sample_entry = Entry(_sample_prioritized if prioritized else _sample_uniform)
+        self._add_entry, self._priorities_entry = Entry(_add_prioritized), Entry(_set_priorities)
         self.layout = RecordLayout(n_stickers)
         self.records = np.zeros((capacity, self.layout.width), np.uint8)
         (self.states, self.next_states, self.actions, self.dones, self.nsteps,
          self.rewards) = self.layout.views(self.records)
         self.pos = 0
         self.size = 0
-        self.prioritized, self.alpha, self.eps = prioritized, alpha, eps
+        # floats, whatever numbers are given: the kernels' entry points are found for float64 (calls.py)
+        self.prioritized, self.alpha, self.eps = prioritized, float(alpha), float(eps)
         self.cap2 = 1 << max(0, (capacity - 1).bit_length())
         self.tree = np.zeros(2 * self.cap2 if prioritized else 0, np.float64)
         self._ascents = (np.zeros(0, np.int64), np.zeros(0, np.float64))  # update_priorities' scratch
@@ -507,7 +518,13 @@ class ReplayBuffer:
         end = pos + count
         # new prioritized transitions get the highest priority seen so far
         if self.prioritized:
-            _add_prioritized(self.records, records, pos, count, self.tree, self.max_priority ** self.alpha)
+            e, value = self._add_entry, self.max_priority ** self.alpha
+            k = e.keys  # the kernel's entry point while the arrays are the same objects (calls.Entry)
+            if k and k[0] is records and k[1] is self.records and k[2] is self.tree:
+                e.call(pos, count, value)
+            else:
+                e.bind((records, self.records, self.tree), (self.records, records, self.tree), (0, 0, 0.0))(
+                    pos, count, value)
         else:
             if end <= cap:
                 self.records[pos:end] = records if count == n else records[:count]
@@ -522,18 +539,27 @@ class ReplayBuffer:
     def sample(self, rng: np.ndarray, batch: Batch, beta: float = 0.4):
         if self.size == 0:
             raise ValueError("cannot sample from an empty replay buffer")
-        dtype = batch.discounts.dtype
-        if dtype is not self._gamma_dtype:  # a numpy scalar takes 0.5-0.7 us to make: once per dtype
-            # (the uniform sample of 64 ran 1.09-1.17x with it, runs/perf38/per_rows_ab.txt)
-            self._gamma_dtype, self._gamma_cast = dtype, dtype.type(self._gamma)
-        gamma = self._gamma_cast
-        if self.prioritized:
-            _sample_prioritized(rng, self.tree, self.cap2, self.size, beta, self.records, batch.indices,
-                                batch.weights, batch.masses, batch.records, self.layout.nsteps, gamma,
-                                batch.discounts)
+        # the kernel's entry point while rng, batch and the buffer's arrays are the objects
+        # it was found for (a Batch's arrays are fixed: Batch.__setattr__), else the
+        # dispatcher (calls.Entry)
+        e = self._sample_entry
+        k = e.keys
+        if k and k[0] is rng and k[1] is batch and k[2] is self.records and k[3] is self.tree:
+            call = e.call
         else:
-            _sample_uniform(rng, self.size, self.records, batch.indices, batch.records, self.layout.nsteps,
-                            gamma, batch.discounts)
+            gamma = batch.discounts.dtype.type(self._gamma)  # in the batch's dtype
+            if self.prioritized:
+                fixed = (rng, self.tree, self.cap2, self.records, batch.indices, batch.weights, batch.masses,
+                         batch.records, self.layout.nsteps, gamma, batch.discounts)
+                typed = (0, 0.0)  # size, beta
+            else:
+                fixed = (rng, self.records, batch.indices, batch.records, self.layout.nsteps, gamma, batch.discounts)
+                typed = (0,)      # size
+            call = e.bind((rng, batch, self.records, self.tree), fixed, typed)
+        if self.prioritized:
+            call(self.size, beta)
+        else:
+            call(self.size)
         return batch
 
     def update_priorities(self, indices, td_errors):
@@ -541,8 +567,15 @@ class ReplayBuffer:
         n = len(indices)
         if len(self._ascents[0]) != n:  # scratch, made once per batch size
             self._ascents = (np.zeros(n, np.int64), np.zeros(n, np.float64))
-        top = float(_set_priorities(self.tree, self.cap2, indices, td_errors, self.eps, self.alpha,
-                                    *self._ascents))
+        e = self._priorities_entry  # its entry point while the arrays are the same objects (calls.Entry)
+        k = e.keys
+        ascents = self._ascents
+        if k and k[0] is indices and k[1] is td_errors and k[2] is self.tree and k[3] is ascents:
+            top = e.call()
+        else:
+            top = e.bind((indices, td_errors, self.tree, ascents),
+                         (self.tree, self.cap2, indices, td_errors, self.eps, self.alpha) + ascents, ())()
+        top = float(top)
         if top > self.max_priority:  # not max(): 0.24 us a call in CPython 3.11 (runs/perf38/costs.txt)
             self.max_priority = top
 

@@ -223,6 +223,71 @@ def test_positive_powers_match_pow_over_float64s_range(p):
     assert (got[x == 0] == 0.0).all() and got.dtype == np.float64
 
 
+def test_entry_is_the_dispatcher_for_new_objects_and_the_overload_for_ones_seen_again():
+    """calls.Entry: a call site's first call on some objects goes through the dispatcher;
+    when the same objects come again it gets the overload's own entry point, found for the
+    types of the fixed arguments and of the typed stand-ins for the varying ones, with the
+    fixed arguments bound; it keeps it until other objects come."""
+    from numba import typeof
+    from cubedqn.calls import Entry
+    from cubedqn.replay import _add_prioritized
+    e = Entry(_add_prioritized)
+    records, tree = np.zeros((8, 4), np.uint8), np.zeros(16)
+    src = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    fixed = (records, src, tree)
+    first = e.bind((src, records), fixed, (0, 0, 0.0))
+    assert first.func is _add_prioritized and first.args == fixed and e.keys == ()
+    first(2, 3, 1)  # the dispatcher compiles it (an int value: it types it as it comes)
+    assert np.array_equal(records[2:5], src) and np.array_equal(tree[10:13], [1, 1, 1])
+    second = e.bind((src, records), fixed, (0, 0, 0.0))
+    types = tuple(typeof(a) for a in fixed + (0, 0, 0.0))
+    assert second.func is _add_prioritized.overloads[types].entry_point and second.args == fixed
+    assert e.call is second and e.keys[0] is src and e.keys[1] is records
+    second(6, 3, 2)  # wraps: rows 6, 7, 0; an int for the float64 value is taken as 2.0
+    assert np.array_equal(records[[6, 7, 0]], src) and np.array_equal(tree[[14, 15, 8]], [2.0, 2.0, 2.0])
+    assert e.bind((src.copy(), records), fixed, (0, 0, 0.0)).func is _add_prioritized and e.keys == ()
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_replay_kernels_by_their_entry_points_give_what_the_dispatcher_gives(prioritized):
+    """A buffer called on the same arrays over and over (adds from one record matrix,
+    samples into one batch with one rng, priority updates from one pair of arrays: its
+    kernels' entry points from the second call on) and a twin given new arrays every time
+    (their dispatchers) hold the same records and tree and sample the same bits; a buffer
+    array replaced by another object is met by the dispatcher again, and a Batch's
+    arrays cannot be replaced."""
+    rng = np.random.default_rng(11)
+    bufs = [ReplayBuffer(300, 24, gamma=0.9, prioritized=prioritized) for _ in range(2)]
+    rec = np.zeros((40, bufs[0].layout.width), np.uint8)
+    batch, states = Batch(16, 24, np.float32), [make_rng(5), make_rng(5)]
+    idx, td = np.zeros(16, np.int64), np.zeros(16, np.float32)
+    for step in range(12):
+        rec[:] = rng.integers(0, 6, rec.shape)
+        rec[:, bufs[0].layout.nsteps] = rng.integers(1, 4, len(rec))
+        bufs[0].add(rec, 25 + step)
+        bufs[1].add(rec.copy(), 25 + step)
+        assert np.array_equal(bufs[0].records, bufs[1].records) and np.array_equal(bufs[0].tree, bufs[1].tree)
+        other = Batch(16, 24, np.float32)
+        bufs[0].sample(states[0], batch, beta=0.5)
+        bufs[1].sample(states[1], other, beta=0.5)
+        for name in ("indices", "records", "weights", "discounts"):
+            assert np.array_equal(getattr(batch, name), getattr(other, name))
+        if prioritized:
+            idx[:] = batch.indices
+            td[:] = rng.normal(0, 2, 16)
+            bufs[0].update_priorities(idx, td)
+            bufs[1].update_priorities(idx.copy(), td.copy())
+            assert np.array_equal(bufs[0].tree, bufs[1].tree) and bufs[0].max_priority == bufs[1].max_priority
+        if step == 8:  # another records array: the dispatcher again, then its entry point
+            bufs[0].records = bufs[0].records.copy()
+    kernels = [bufs[0]._sample_entry] + ([bufs[0]._add_entry, bufs[0]._priorities_entry] if prioritized else [])
+    for e in kernels:  # each ended on its entry point, not on the dispatcher
+        assert e.keys and e.call.func is not e.kernel
+    assert bufs[0]._sample_entry.keys[2] is bufs[0].records
+    with pytest.raises(AttributeError, match="fixed"):
+        batch.weights = np.ones(16, np.float64)
+
+
 @pytest.mark.parametrize("capacity", [1, 13, 1000])
 def test_priority_updates_set_the_tree_as_tree_set_does(capacity):
     """update_priorities (its ascents level by level side by side) leaves the sum-tree

@@ -1,0 +1,62 @@
+"""Calling a compiled njit kernel without going through its dispatcher on every call.
+
+What this file is: `entry_point(kernel, *args)`, the compiled overload of an njit
+dispatcher for the numba types of the given arguments, as a plain callable. A dispatcher
+call types every argument (a fingerprint per array), looks the overload up, then calls
+it; the entry point only unboxes the arguments and runs the machine code. The hot loops
+call a few kernels with the same arrays over and over, so they find the entry point once
+and keep it while the arguments are the same objects:
+
+  a do-nothing kernel on one struct, hot: 3.7 us through the dispatcher, 1.3 by its entry
+  point; right after a training step has been through the caches, 14.8 against 6.6
+  (docs/performance-log.md, stop 47)
+
+What it is not: a check. The entry point trusts that its arguments have the types it was
+compiled for (an array's dtype, dimensions and layout: it reads them as such), so a
+caller holds one only while it knows that: the same array objects (which cannot change
+type), numbers that convert (a Python int where a float64 is taken). `Dispatcher.compile`
+loads the overload from numba's cache, or compiles it, as the first call would; where
+the dispatcher already holds it, it returns that one.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from numba import typeof
+
+
+def entry_point(kernel, *args):
+    """kernel's compiled overload for the types of args (compiled or loaded from the cache
+    where it is not held yet), to be called with arguments of those types only."""
+    return kernel.compile(tuple(typeof(a) for a in args))
+
+
+class Entry:
+    """One call site's kernel, bound to the objects it is called on: the kernel's entry
+    point while they are the objects it was found for (`keys`, which the call site
+    compares with `is`: as fast a check as there is in Python), else its dispatcher.
+
+    The site passes its arguments as the ones fixed while the keys are the same (arrays,
+    constants) and the ones that vary from call to call (counts, a schedule's value), in
+    the kernel's order: fixed first. `call` is functools.partial(entry point, *fixed), so
+    the fixed ones cost nothing to gather, and the site calls `call(*varying)` while the
+    keys are its objects. At other objects it calls `bind(keys, fixed, typed)(*varying)`,
+    where `typed` are values of the types the varying arguments are compiled for (0.0
+    for a float that may come as an int): the dispatcher the first time those objects
+    come (finding an entry point took 73 us, so a caller that passes new arrays every
+    time pays nothing more than the dispatcher), their entry point when the same objects
+    come again at the next call that misses."""
+
+    __slots__ = ("kernel", "keys", "call", "missed")
+
+    def __init__(self, kernel):
+        self.kernel, self.keys, self.call, self.missed = kernel, (), None, ()
+
+    def bind(self, keys, fixed, typed):
+        if len(keys) == len(self.missed) and all(a is b for a, b in zip(keys, self.missed)):
+            self.call = partial(entry_point(self.kernel, *fixed, *typed), *fixed)
+            self.keys, self.missed = keys, ()
+            return self.call
+        self.keys, self.missed = (), keys
+        return partial(self.kernel, *fixed)
