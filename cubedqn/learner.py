@@ -33,10 +33,11 @@ import os
 import time
 
 import numpy as np
-from numba import njit, typeof, types
+from numba import njit, types
 from numba.experimental import structref
 
 from . import clock
+from .calls import entry_point
 from .children import ChildCodes, code_key, key_slot, take_rows
 from .clock import stamp
 from .cube import expand_children, solved_batch
@@ -609,10 +610,9 @@ class Learner:
     def _step_args(self, batch, use_weights):
         """fused_sampled_step's StepArgs for this batch object (its arrays are reused from
         step to step, as are the learner's and the optimizer's), made once per batch, and the
-        compiled kernel for their type: its entry point, called without the dispatcher's
-        typing of the argument and its lookup of the overload. Right after a step, whose code
-        and data have been through the caches, a call through the dispatcher took 14.8 us
-        to a do-nothing kernel and its entry point 6.6 (docs/performance-log.md, stop 47)."""
+        compiled kernel for their type: its entry point (calls.py), called without the
+        dispatcher's typing of the argument and its lookup of the overload: 3-9 us less a
+        small step outside the kernel (runs/perf40/entry_ab_outside.txt)."""
         last_batch, last_weights, args, kernel = self._fused_args
         if batch is last_batch and use_weights == last_weights:
             return args, kernel
@@ -631,9 +631,7 @@ class Learner:
             kind, clip, max_norm, on.params, self.grads, self.gWs, self.gbs, opt.m, opt.v, opt.slices, mu, b1,
             b2, eps, wd, opt.ctx,
             self.stamps, self.scalars)
-        # compile() returns the overload's entry point: loaded from the cache or compiled
-        # as the dispatcher's first call would, or the one it already holds
-        kernel = fused_sampled_step.compile((typeof(args),))
+        kernel = entry_point(fused_sampled_step, args)  # (calls.py)
         self._fused_args = (batch, use_weights, args, kernel)
         return args, kernel
 
