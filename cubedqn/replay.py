@@ -474,6 +474,7 @@ class ReplayBuffer:
         if capacity <= 0:
             raise ValueError("buffer_size must be positive")
         self.capacity, self.n_stickers, self._gamma = capacity, n_stickers, gamma
+        self._gamma_dtype = self._gamma_cast = None  # gamma in the last sampled batch's dtype
         # the kernels' entry points while they are called on the same arrays (calls.Entry)
         self._sample_entry = Entry(_sample_prioritized if prioritized else _sample_uniform)
         self._add_entry, self._priorities_entry = Entry(_add_prioritized), Entry(_set_priorities)
@@ -523,8 +524,12 @@ class ReplayBuffer:
             if k and k[0] is records and k[1] is self.records and k[2] is self.tree:
                 e.call(pos, count, value)
             else:
-                e.bind((records, self.records, self.tree), (self.records, records, self.tree), (0, 0, 0.0))(
-                    pos, count, value)
+                _add_prioritized(self.records, records, self.tree, pos, count, value)
+                m = e.missed
+                if m and m[0] is records and m[1] is self.records and m[2] is self.tree:
+                    e.bind(m, (self.records, records, self.tree), (0, 0, 0.0))
+                else:
+                    e.keys, e.missed = (), (records, self.records, self.tree)
         else:
             if end <= cap:
                 self.records[pos:end] = records if count == n else records[:count]
@@ -545,21 +550,29 @@ class ReplayBuffer:
         e = self._sample_entry
         k = e.keys
         if k and k[0] is rng and k[1] is batch and k[2] is self.records and k[3] is self.tree:
-            call = e.call
-        else:
-            gamma = batch.discounts.dtype.type(self._gamma)  # in the batch's dtype
             if self.prioritized:
-                fixed = (rng, self.tree, self.cap2, self.records, batch.indices, batch.weights, batch.masses,
-                         batch.records, self.layout.nsteps, gamma, batch.discounts)
-                typed = (0, 0.0)  # size, beta
+                e.call(self.size, beta)
             else:
-                fixed = (rng, self.records, batch.indices, batch.records, self.layout.nsteps, gamma, batch.discounts)
-                typed = (0,)      # size
-            call = e.bind((rng, batch, self.records, self.tree), fixed, typed)
+                e.call(self.size)
+            return batch
+        dtype = batch.discounts.dtype
+        if dtype is not self._gamma_dtype:  # a numpy scalar takes 0.5-0.7 us to make: once per dtype
+            self._gamma_dtype, self._gamma_cast = dtype, dtype.type(self._gamma)
+        gamma = self._gamma_cast
         if self.prioritized:
-            call(self.size, beta)
+            fixed = (rng, self.tree, self.cap2, self.records, batch.indices, batch.weights, batch.masses,
+                     batch.records, self.layout.nsteps, gamma, batch.discounts)
+            _sample_prioritized(*fixed, self.size, beta)
+            typed = (0, 0.0)  # size, beta
         else:
-            call(self.size)
+            fixed = (rng, self.records, batch.indices, batch.records, self.layout.nsteps, gamma, batch.discounts)
+            _sample_uniform(*fixed, self.size)
+            typed = (0,)      # size
+        m = e.missed
+        if m and m[0] is rng and m[1] is batch and m[2] is self.records and m[3] is self.tree:
+            e.bind(m, fixed, typed)
+        else:
+            e.keys, e.missed = (), (rng, batch, self.records, self.tree)
         return batch
 
     def update_priorities(self, indices, td_errors):
@@ -571,11 +584,14 @@ class ReplayBuffer:
         k = e.keys
         ascents = self._ascents
         if k and k[0] is indices and k[1] is td_errors and k[2] is self.tree and k[3] is ascents:
-            top = e.call()
+            top = float(e.call())
         else:
-            top = e.bind((indices, td_errors, self.tree, ascents),
-                         (self.tree, self.cap2, indices, td_errors, self.eps, self.alpha) + ascents, ())()
-        top = float(top)
+            top = float(_set_priorities(self.tree, self.cap2, indices, td_errors, self.eps, self.alpha, *ascents))
+            m = e.missed
+            if m and m[0] is indices and m[1] is td_errors and m[2] is self.tree and m[3] is ascents:
+                e.bind(m, (self.tree, self.cap2, indices, td_errors, self.eps, self.alpha) + ascents, ())
+            else:
+                e.keys, e.missed = (), (indices, td_errors, self.tree, ascents)
         if top > self.max_priority:  # not max(): 0.24 us a call in CPython 3.11 (runs/perf38/costs.txt)
             self.max_priority = top
 

@@ -223,29 +223,27 @@ def test_positive_powers_match_pow_over_float64s_range(p):
     assert (got[x == 0] == 0.0).all() and got.dtype == np.float64
 
 
-def test_entry_is_the_dispatcher_for_new_objects_and_the_overload_for_ones_seen_again():
-    """calls.Entry: a call site's first call on some objects goes through the dispatcher;
-    when the same objects come again it gets the overload's own entry point, found for the
-    types of the fixed arguments and of the typed stand-ins for the varying ones, with the
-    fixed arguments bound; it keeps it until other objects come."""
+def test_entry_binds_the_overload_with_its_fixed_arguments():
+    """calls.Entry.bind holds the overload's own entry point, found for the types of the
+    fixed arguments and of the stand-ins for the varying ones, with the fixed arguments
+    bound, and the objects it holds it for."""
     from numba import typeof
     from cubedqn.calls import Entry
     from cubedqn.replay import _add_prioritized
     e = Entry(_add_prioritized)
+    assert e.keys == () and e.missed == () and e.call is None
     records, tree = np.zeros((8, 4), np.uint8), np.zeros(16)
     src = np.arange(12, dtype=np.uint8).reshape(3, 4)
     fixed = (records, src, tree)
-    first = e.bind((src, records), fixed, (0, 0, 0.0))
-    assert first.func is _add_prioritized and first.args == fixed and e.keys == ()
-    first(2, 3, 1)  # the dispatcher compiles it (an int value: it types it as it comes)
-    assert np.array_equal(records[2:5], src) and np.array_equal(tree[10:13], [1, 1, 1])
-    second = e.bind((src, records), fixed, (0, 0, 0.0))
+    _add_prioritized(*fixed, 2, 3, 1.0)
+    e.missed = (src, records)
+    e.bind((src, records), fixed, (0, 0, 0.0))
     types = tuple(typeof(a) for a in fixed + (0, 0, 0.0))
-    assert second.func is _add_prioritized.overloads[types].entry_point and second.args == fixed
-    assert e.call is second and e.keys[0] is src and e.keys[1] is records
-    second(6, 3, 2)  # wraps: rows 6, 7, 0; an int for the float64 value is taken as 2.0
+    assert e.call.func is _add_prioritized.overloads[types].entry_point and e.call.args == fixed
+    assert e.keys[0] is src and e.keys[1] is records and e.missed == ()
+    e.call(6, 3, 2)  # wraps: rows 6, 7, 0; an int for the float64 value is taken as 2.0
     assert np.array_equal(records[[6, 7, 0]], src) and np.array_equal(tree[[14, 15, 8]], [2.0, 2.0, 2.0])
-    assert e.bind((src.copy(), records), fixed, (0, 0, 0.0)).func is _add_prioritized and e.keys == ()
+    assert np.array_equal(records[2:5], src) and np.array_equal(tree[10:13], [1.0, 1.0, 1.0])
 
 
 @pytest.mark.parametrize("prioritized", [False, True])
@@ -282,8 +280,16 @@ def test_replay_kernels_by_their_entry_points_give_what_the_dispatcher_gives(pri
             bufs[0].records = bufs[0].records.copy()
     kernels = [bufs[0]._sample_entry] + ([bufs[0]._add_entry, bufs[0]._priorities_entry] if prioritized else [])
     for e in kernels:  # each ended on its entry point, not on the dispatcher
-        assert e.keys and e.call.func is not e.kernel
+        assert e.keys and e.call.func is not e.kernel and e.missed == ()
     assert bufs[0]._sample_entry.keys[2] is bufs[0].records
+    for e in [bufs[1]._sample_entry] + ([bufs[1]._add_entry, bufs[1]._priorities_entry] if prioritized else []):
+        assert e.keys == () and e.call is None and e.missed  # new arrays every call: the dispatcher
+    e = bufs[0]._sample_entry  # new objects: the dispatcher, then the entry point on the third call
+    other = Batch(16, 24, np.float32)
+    bufs[0].sample(states[0], other)
+    assert e.keys == () and e.missed[1] is other
+    bufs[0].sample(states[0], other)
+    assert e.keys[1] is other and e.missed == ()
     with pytest.raises(AttributeError, match="fixed"):
         batch.weights = np.ones(16, np.float64)
 
