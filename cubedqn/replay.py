@@ -130,7 +130,7 @@ def tree_set(tree, cap2, idx, values):
 
 
 @njit(cache=True)
-def _set_priorities(tree, cap2, indices, td_errors, eps, alpha, node, value):
+def _set_priorities(tree, cap2, indices, td_errors, node, value, eps, alpha):
     """tree_set(tree, cap2, indices, (|td| + eps) ** alpha) with the ascents run level by
     level side by side (node, value: scratch of len(indices)), so that one level's loads
     do not wait on each other: the leaves are set in order (a leaf listed twice ends with
@@ -584,12 +584,12 @@ class ReplayBuffer:
         k = e.keys
         ascents = self._ascents
         if k and k[0] is indices and k[1] is td_errors and k[2] is self.tree and k[3] is ascents:
-            top = float(e.call())
+            top = float(e.call(self.eps, self.alpha))
         else:
-            top = float(_set_priorities(self.tree, self.cap2, indices, td_errors, self.eps, self.alpha, *ascents))
+            top = float(_set_priorities(self.tree, self.cap2, indices, td_errors, *ascents, self.eps, self.alpha))
             m = e.missed
             if m and m[0] is indices and m[1] is td_errors and m[2] is self.tree and m[3] is ascents:
-                e.bind(m, (self.tree, self.cap2, indices, td_errors, self.eps, self.alpha) + ascents, ())
+                e.bind(m, (self.tree, self.cap2, indices, td_errors) + ascents, (0.0, 0.0))  # eps, alpha
             else:
                 e.keys, e.missed = (), (indices, td_errors, self.tree, ascents)
         if top > self.max_priority:  # not max(): 0.24 us a call in CPython 3.11 (runs/perf38/costs.txt)

@@ -282,6 +282,14 @@ def test_replay_kernels_by_their_entry_points_give_what_the_dispatcher_gives(pri
     for e in kernels:  # each ended on its entry point, not on the dispatcher
         assert e.keys and e.call.func is not e.kernel and e.missed == ()
     assert bufs[0]._sample_entry.keys[2] is bufs[0].records
+    if prioritized:  # alpha and eps are read at every call, not bound with the arrays
+        for b in bufs:
+            b.alpha, b.eps = 0.5, 0.01
+        bufs[0].update_priorities(idx, td)
+        bufs[1].update_priorities(idx.copy(), td.copy())
+        assert bufs[0]._priorities_entry.keys and np.array_equal(bufs[0].tree, bufs[1].tree)
+        want = (np.abs(td[-1].astype(np.float64)) + 0.01) ** 0.5
+        assert bufs[0].tree[bufs[0].cap2 + idx[-1]] == want
     for e in [bufs[1]._sample_entry] + ([bufs[1]._add_entry, bufs[1]._priorities_entry] if prioritized else []):
         assert e.keys == () and e.call is None and e.missed  # new arrays every call: the dispatcher
     e = bufs[0]._sample_entry  # new objects: the dispatcher, then the entry point on the third call
