@@ -250,7 +250,7 @@ def test_entry_binds_the_overload_with_its_fixed_arguments():
 def test_replay_kernels_by_their_entry_points_give_what_the_dispatcher_gives(prioritized):
     """A buffer called on the same arrays over and over (adds from one record matrix,
     samples into one batch with one rng, priority updates from one pair of arrays: its
-    kernels' entry points from the second call on) and a twin given new arrays every time
+    kernels' entry points from the third call on) and a twin given new arrays every time
     (their dispatchers) hold the same records and tree and sample the same bits; a buffer
     array replaced by another object is met by the dispatcher again, and a Batch's
     arrays cannot be replaced."""
