@@ -488,6 +488,7 @@ class Learner:
         self.row_mark = np.zeros(layout.in_dim if sparse_update else 0, np.uint8)
         self.row_slot = np.zeros(layout.in_dim if sparse_update else 0, np.int32)
         self.touched = np.zeros(max_rows, np.int64)
+        self.row_starts, self.row_terms = np.zeros(max_rows + 2, np.int32), np.zeros(max_rows, np.int32)
         self.grad_rows = aligned_zeros((max_rows, layout.widths[1]), self.dtype)
         self.n_touched = 0
         self._parts = PhaseTimer().parts  # where the parts go when no timer is given
@@ -560,7 +561,8 @@ class Learner:
         laps.lap("GEMM layers")
         if self.sparse_update:
             self.n_touched = sparse_backward_compact(ws.idx[:m], ws.deltas[0][:m], self.grad_rows, gb[0],
-                                                     self.row_mark, self.row_slot, self.touched)
+                                                     self.row_mark, self.row_slot, self.touched, self.row_starts,
+                                                     self.row_terms)
         else:
             mlp_backward_first(ws.idx, ws.x, on.sparse, on.Ws, ws.deltas, gW, gb, m, ws.panel)
         laps.lap("first layer")

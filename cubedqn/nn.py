@@ -697,7 +697,7 @@ def sparse_backward_panels(idx, dout, dW, db, panel):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def sparse_backward_compact(idx, dout, G, db, mark, slot, touched):
+def sparse_backward_compact(idx, dout, G, db, mark, slot, touched, starts, terms):
     """Layer 0's gradient for lazy updates, kept compact: idx (B,S), dout (B,H) -> the n
     distinct rows this batch touched listed ascending in touched[:n] (n is returned), G[k]
     (H,) = dLoss/dW[touched[k]], db (H,) = column sums of dout. G is (B*S, H) or more.
@@ -705,17 +705,27 @@ def sparse_backward_compact(idx, dout, G, db, mark, slot, touched):
     The rest of dW is zero and never stored: the work and the memory scale with the batch,
     not with the input width (the one pass over mark is 1 byte per input row), which is
     what makes wide sparse inputs such as slot pairs cheap. mark (in,) uint8 is all zero
-    between calls; slot (in,) int32 is scratch. G's rows stay in one small block that is
+    between calls; slot (in,) int32, starts (B*S + 2,) and terms (B*S,) int32 are scratch.
+    G's rows stay in one small block that is
     reused every step instead of rows scattered over an (in,H) gradient that each step had
     to clear and the optimizer then read back: with the lazy Adam 1.04-1.08x at the cube2
     preset's shape (scripts/bench_lazy_rows.py), the preset step's backward first layer
     0.76 -> 0.63 ms, and 6.7 MB less memory there. Ascending rows matter:
     the optimizer walks the parameters and moments in address order, which ran its lazy
-    Adam ~20% faster than first-use order (1,700 rows of 9,261 x 256, measured). Sums are
-    zero, then the batch rows in order: the same as sparse_backward's.
+    Adam ~20% faster than first-use order (1,700 rows of 9,261 x 256, measured).
+
+    Each row of G is summed whole and stored once (compact_sums): its terms, the batch rows
+    that touch it, are listed first, row by row in batch order (a stable counting sort of
+    the B*S terms: terms[starts[k]:starts[k + 1]]). Sums are zero, then the batch rows in
+    order: the same as sparse_backward's. At the preset's shape the block (1.7 MB) does not
+    fit in L2, and adding each term into it after a pass that zeroed it (a memset of 2.4-2.6%
+    of the preset loop's samples under perf) went through L3 each time. Against that, in
+    process (runs/perf41/compact_ab.py, each call after a 4 MB sweep, 15 alternating
+    rounds, two runs): 1.70x / 1.69x; in the preset's loop, the backward's first-layer
+    part 1.29-1.71x in four runs (preset_ab.py, 11-21 alternating rounds of 300 steps;
+    the whole step within the host's noise there).
     """
     n, s = idx.shape
-    h = dout.shape[1]
     for i in range(n):
         for k in range(s):
             mark[idx[i, k]] = 1
@@ -726,29 +736,27 @@ def sparse_backward_compact(idx, dout, G, db, mark, slot, touched):
             slot[r] = n_rows
             touched[n_rows] = r
             n_rows += 1
-    if compact_sums_shared(idx, dout, G, slot, n_rows):
-        column_sums(dout, db)
-        return n_rows
-    for t in range(n_rows):  # one pass over dout for db and G (the team's chunks make two)
-        g = G[t]
-        for j in range(h):
-            g[j] = 0
-    for j in range(h):
-        db[j] = 0
+    for t in range(n_rows + 2):  # starts[t + 2]: row t's count, then the running sums
+        starts[t] = 0
     for i in range(n):
-        d = dout[i]
-        for j in range(h):
-            db[j] += d[j]
         for k in range(s):
-            g = G[slot[idx[i, k]]]
-            for j in range(h):
-                g[j] += d[j]
+            starts[slot[idx[i, k]] + 2] += 1
+    for t in range(2, n_rows + 2):
+        starts[t] += starts[t - 1]
+    for i in range(n):  # starts[t + 1] moves from row t's start to its end, row t + 1's start
+        for k in range(s):
+            c = slot[idx[i, k]] + 1
+            terms[starts[c]] = i
+            starts[c] += 1
+    if not compact_sums_shared(dout, G, starts, terms, n_rows):
+        compact_sums(dout, G, starts, terms, 0, n_rows)
+    column_sums(dout, db)
     return n_rows
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def column_sums(dout, db):
-    """db (H,) = zero, then dout's (B,H) rows in order (the sums the one-pass loops make)."""
+    """db (H,) = zero, then dout's (B,H) rows in order (sparse_backward's sums)."""
     for j in range(dout.shape[1]):
         db[j] = 0
     for i in range(dout.shape[0]):
@@ -758,45 +766,43 @@ def column_sums(dout, db):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def compact_sums(idx, dout, G, slot, t0, t1):
-    """Rows [t0, t1) of sparse_backward_compact's G: zero, then dout's rows in order at the
-    inputs whose row sits there (every input is looked at; each row's sums are those of
-    the one-pass loop, in the same order)."""
-    n, s = idx.shape
+def compact_sums(dout, G, starts, terms, t0, t1):
+    """Rows [t0, t1) of sparse_backward_compact's G: row t is zero, then dout's rows
+    terms[starts[t]:starts[t + 1]] in order, stored once. The first term is stored as
+    0 + d, the bits of adding it to zero (0 + -0.0 is +0.0)."""
     h = dout.shape[1]
+    zero = G.dtype.type(0)
     for t in range(t0, t1):
         g = G[t]
+        a, b = starts[t], starts[t + 1]
+        d = dout[terms[a]]
         for j in range(h):
-            g[j] = 0
-    for i in range(n):
-        d = dout[i]
-        for k in range(s):
-            t = slot[idx[i, k]]
-            if t0 <= t < t1:
-                g = G[t]
-                for j in range(h):
-                    g[j] += d[j]
+            g[j] = zero + d[j]
+        for q in range(a + 1, b):
+            d = dout[terms[q]]
+            for j in range(h):
+                g[j] += d[j]
 
 
-# The lazy backward's row sums over the team: chunks of whole touched rows, each chunk
-# reading every input and summing into its own rows. Split by columns, every row was
+# The lazy backward's row sums over the team: chunks of whole touched rows, each summing
+# its own rows from their lists of terms. Split by columns, every row was
 # written by both cores (167 us against 103 alone); by rows it pays since the team's
 # chunks go to the same threads every call (the cube2 preset's backward first layer
 # 0.164 -> 0.096 ms; docs/performance-log.md, stop 37).
 SCATTER_SLOT = 1  # its slot in blas's range-function table
-C_IDX, C_DOUT, C_G, C_SLOT, C_ROWS, C_ACTIVE, C_H, C_G_ROWS, C_IN = range(9)  # context slots
-C_LEN = 9
+C_DOUT, C_G, C_STARTS, C_TERMS, C_ROWS, C_H, C_G_ROWS, C_N_TERMS = range(8)  # context slots
+C_LEN = 8
 
 
 def scatter_chunk(ctx, lo, hi):
-    """compact_sums on rows [lo / h, hi / h) of the context's G (float32, int32 indices)."""
+    """compact_sums on rows [lo / h, hi / h) of the context's G (float32, int32 lists)."""
     c = carray(ctx, C_LEN, np.int64)
-    n, s, h = c[C_ROWS], c[C_ACTIVE], c[C_H]
-    idx = carray(voidptr_at(c[C_IDX]), (n, s), np.int32)
+    n, h, n_terms = c[C_ROWS], c[C_H], c[C_N_TERMS]
     dout = carray(voidptr_at(c[C_DOUT]), (n, h), np.float32)
     G = carray(voidptr_at(c[C_G]), (c[C_G_ROWS], h), np.float32)
-    slot = carray(voidptr_at(c[C_SLOT]), c[C_IN], np.int32)
-    compact_sums(idx, dout, G, slot, lo // h, hi // h)
+    starts = carray(voidptr_at(c[C_STARTS]), n_terms + 2, np.int32)
+    terms = carray(voidptr_at(c[C_TERMS]), n_terms, np.int32)
+    compact_sums(dout, G, starts, terms, lo // h, hi // h)
 
 
 def _scatter_chunk_address():
@@ -804,7 +810,7 @@ def _scatter_chunk_address():
                  nogil=True)(scatter_chunk).address
 
 
-def compact_sums_shared(idx, dout, G, slot, n_rows):
+def compact_sums_shared(dout, G, starts, terms, n_rows):
     """Whether G[:n_rows] of sparse_backward_compact was summed by the team's threads
     (float32 and int32 operands in C order, the team on and enough rows); False: nothing
     done, the caller sums. From Python: False."""
@@ -812,21 +818,21 @@ def compact_sums_shared(idx, dout, G, slot, n_rows):
 
 
 @overload(compact_sums_shared, jit_options={"nogil": True})
-def _compact_sums_shared_overload(idx, dout, G, slot, n_rows):
-    if not (idx.dtype == slot.dtype == types.int32 and dout.dtype == G.dtype == types.float32 and
-            idx.layout == dout.layout == G.layout == slot.layout == "C"):
-        return lambda idx, dout, G, slot, n_rows: False
+def _compact_sums_shared_overload(dout, G, starts, terms, n_rows):
+    if not (starts.dtype == terms.dtype == types.int32 and dout.dtype == G.dtype == types.float32 and
+            dout.layout == G.layout == starts.layout == terms.layout == "C"):
+        return lambda dout, G, starts, terms, n_rows: False
 
-    def shared(idx, dout, G, slot, n_rows):
-        n, s = idx.shape
+    def shared(dout, G, starts, terms, n_rows):
         h = dout.shape[1]
         fn = range_fn(np.int64(SCATTER_SLOT))
         if fn == 0 or n_rows * h < RANGE_MIN:
             return False
         ctx = local_slots(C_LEN)
         c = carray(ctx, C_LEN, np.int64)
-        c[C_IDX], c[C_DOUT], c[C_G], c[C_SLOT] = idx.ctypes.data, dout.ctypes.data, G.ctypes.data, slot.ctypes.data
-        c[C_ROWS], c[C_ACTIVE], c[C_H], c[C_G_ROWS], c[C_IN] = n, s, h, G.shape[0], slot.shape[0]
+        c[C_DOUT], c[C_G], c[C_STARTS], c[C_TERMS] = dout.ctypes.data, G.ctypes.data, starts.ctypes.data, \
+            terms.ctypes.data
+        c[C_ROWS], c[C_H], c[C_G_ROWS], c[C_N_TERMS] = dout.shape[0], h, G.shape[0], starts[n_rows + 1]
         run_range(voidptr_at(fn), ctx, n_rows * h, h)
         return True
     return shared

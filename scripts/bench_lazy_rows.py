@@ -123,6 +123,7 @@ def main():
     G = aligned_zeros((lr.micro * s, h), f)
     slot = np.zeros(in_dim, np.int32)
     t1 = np.zeros(lr.micro * s, np.int64)
+    starts, terms = np.zeros(lr.micro * s + 2, np.int32), np.zeros(lr.micro * s, np.int32)
 
     def previous(b):
         idx, d = batches[b]
@@ -132,7 +133,7 @@ def main():
 
     def compact(b):
         idx, d = batches[b]
-        n = sparse_backward_compact(idx, d, G, db, mark, slot, t1)
+        n = sparse_backward_compact(idx, d, G, db, mark, slot, t1, starts, terms)
         total = sq_norm(G.reshape(-1)[:n * h])
         adam_update_rows(p1, G.reshape(-1), m1, v1, t1, n, h, *c, f(0), False)
         return n, total
@@ -159,7 +160,7 @@ def main():
             evict += 1
             idx, d = batches[b]
             a = time.perf_counter()
-            n = sparse_backward_compact(idx, d, G, db, mark, slot, t1)
+            n = sparse_backward_compact(idx, d, G, db, mark, slot, t1, starts, terms)
             bb = time.perf_counter()
             sq_norm(G.reshape(-1)[:n * h])
             cc = time.perf_counter()

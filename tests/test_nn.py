@@ -273,23 +273,27 @@ def test_lr_schedules():
 
 
 def test_sparse_backward_compact_matches_dense_scatter_and_lists_rows():
-    """Compact rows equal the dense scatter's rows bitwise (same order of adds), the rows
-    are listed distinct and ascending, and nothing is left behind between calls."""
+    """Compact rows equal the dense scatter's rows bitwise (same order of adds; a row's
+    first term is stored as 0 + d, so a lone -0.0 comes out +0.0 as there), the rows are
+    listed distinct and ascending, and nothing is left behind between calls."""
     from cubedqn.nn import sparse_backward, sparse_backward_compact
     rng = np.random.default_rng(0)
     in_dim, h = 50, 6
     G, db = np.full((8 * 3, h), np.nan), np.zeros(h)  # stale rows must not leak in
     mark, slot, touched = np.zeros(in_dim, np.uint8), np.zeros(in_dim, np.int32), np.zeros(8 * 3, np.int64)
+    starts, terms = np.zeros(8 * 3 + 2, np.int32), np.zeros(8 * 3, np.int32)
     for trial in range(4):
         idx = rng.integers(0, in_dim, (8, 3)).astype(np.int32)
         if trial == 3:
             idx[:] = 7  # one row hit by every sticker of every batch row
         dout = rng.normal(size=(8, h))
-        n = sparse_backward_compact(idx, dout, G, db, mark, slot, touched)
+        dout[rng.random((8, h)) < 0.2] = -0.0
+        n = sparse_backward_compact(idx, dout, G, db, mark, slot, touched, starts, terms)
         dW_ref, db_ref = np.zeros((in_dim, h)), np.zeros(h)
         sparse_backward(idx, dout, dW_ref, db_ref)
         assert touched[:n].tolist() == sorted(set(idx.ravel().tolist()))  # distinct, ascending
-        np.testing.assert_array_equal(G[:n], dW_ref[touched[:n]])
+        np.testing.assert_array_equal(G[:n].view(np.uint64), dW_ref[touched[:n]].view(np.uint64))
+        assert not np.signbit(G[:n][G[:n] == 0]).any()  # as zero + -0.0 in the reference
         np.testing.assert_array_equal(db, db_ref)
         assert not mark.any()
         assert not np.delete(dW_ref, touched[:n], axis=0).any()  # the rows not listed have no gradient

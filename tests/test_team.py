@@ -418,14 +418,16 @@ def test_range_functions_fill_when_the_team_runs_before_their_modules_load():
 @pytest.mark.parametrize("rows,active", [(128, 21), (64, 7), (3, 21)])
 def test_lazy_backward_shared_over_the_team_gives_one_threads_bits(one_worker, rows, active):
     """nn.sparse_backward_compact with the team: the touched rows' sums (nn.compact_sums
-    on chunks of whole rows) and db are the one-pass loop's bits (sparse_backward's rows);
-    split where there are enough touched rows (the first two shapes), whole where not."""
+    on chunks of whole rows, each from its rows' lists of terms) and db are the one-pass
+    loop's bits (sparse_backward's rows); split where there are enough touched rows (the
+    first two shapes), whole where not."""
     from cubedqn.nn import aligned_zeros, sparse_backward, sparse_backward_compact
     rng = np.random.default_rng(rows)
     n_in, h = 9261, 256
     idx = rng.integers(0, n_in, (rows, active)).astype(np.int32)
     idx[1] = idx[0]  # rows touched more than once
     dout = rng.standard_normal((rows, h)).astype(np.float32)
+    dout[rng.random((rows, h)) < 0.1] = -0.0  # a row's lone -0.0 term sums to +0.0 (zero first)
     dW, db_want = np.zeros((n_in, h), np.float32), np.zeros(h, np.float32)
     sparse_backward(idx, dout, dW, db_want)
     mark, slot = np.zeros(n_in, np.uint8), np.zeros(n_in, np.int32)
@@ -433,11 +435,12 @@ def test_lazy_backward_shared_over_the_team_gives_one_threads_bits(one_worker, r
     G, db = aligned_zeros((rows * active, h), np.float32), aligned_zeros(h, np.float32)
     G[:], db[:] = np.nan, np.nan
     before = blas.team_stats()["split"]
-    k = sparse_backward_compact(idx, dout, G, db, mark, slot, touched)
+    starts, terms = np.zeros(rows * active + 2, np.int32), np.zeros(rows * active, np.int32)
+    k = sparse_backward_compact(idx, dout, G, db, mark, slot, touched, starts, terms)
     assert (blas.team_stats()["split"] > before) == (k * h >= team.RANGE_MIN)
     assert (k * h >= team.RANGE_MIN) == (rows > 3)
     np.testing.assert_array_equal(touched[:k], np.unique(idx))
-    np.testing.assert_array_equal(G[:k], dW[touched[:k]])
+    np.testing.assert_array_equal(G[:k].view(np.uint32), dW[touched[:k]].view(np.uint32))
     np.testing.assert_array_equal(db, db_want)
     assert not mark.any()
 
