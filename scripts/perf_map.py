@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,6 +153,9 @@ def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.split("\n\n")[0] + "\n\nusage: python scripts/perf_map.py (-m MODULE | SCRIPT) [ARGS...]")
         return 0 if argv else 2
+    if shutil.which("nm") is None:
+        print("perf_map: needs binutils' nm (it reads the object code's symbol tables)", file=sys.stderr)
+        return 2
     install()
 
     def at_exit():
