@@ -29,6 +29,7 @@ developer's script, checked against numba 0.68 (tests/test_perf_map.py).
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import runpy
 import shutil
@@ -77,9 +78,9 @@ def install():
     native._engine_for = _engine_for
 
 
-def symbols(obj: bytes, strong_only=False) -> dict:
-    """{name: (offset, size)} of the functions an object file defines (`nm -S`); with
-    strong_only, its global non-weak ones only."""
+def symbols(obj: bytes) -> dict:
+    """{name: (offset, size, strong)} of the functions an object file defines (`nm -S`);
+    strong: a global, non-weak symbol."""
     with tempfile.NamedTemporaryFile(suffix=".o") as f:
         f.write(obj)
         f.flush()
@@ -88,8 +89,8 @@ def symbols(obj: bytes, strong_only=False) -> dict:
     found = {}
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 4 and parts[2] in ("T" if strong_only else "tTwW") and int(parts[1], 16):
-            found[parts[3]] = (int(parts[0], 16), int(parts[1], 16))
+        if len(parts) == 4 and parts[2] in "tTwW" and int(parts[1], 16):
+            found[parts[3]] = (int(parts[0], 16), int(parts[1], 16), parts[2] == "T")
     return found
 
 
@@ -119,14 +120,16 @@ def _library_lines(lib, obj):
     # the text's load address, from a global symbol of this library's own (its entry point,
     # its wrappers): the njit functions it calls are weak copies, and the JIT resolves
     # such a name to the copy of whichever library was loaded first
-    for name, (offset, _) in symbols(obj, strong_only=True).items():
+    for name, (offset, _, strong) in syms.items():
+        if not strong:
+            continue
         try:
             address = lib.get_pointer_to_function(name)
         except Exception:
             continue
         if address:
             base = address - offset
-            return [(base + off, size, readable(n)) for n, (off, size) in syms.items()]
+            return [(base + off, size, readable(n)) for n, (off, size, _) in syms.items()]
     return []
 
 
@@ -138,7 +141,7 @@ def write_map(path=None) -> int:
         if obj:
             lines += _library_lines(lib, obj)
     for engine, obj in _NATIVE:
-        for name, (_, size) in symbols(obj).items():
+        for name, (_, size, _) in symbols(obj).items():
             address = engine.get_function_address(name)
             if address:
                 lines.append((address, size, "native:" + name))
@@ -156,6 +159,20 @@ def main(argv):
     if shutil.which("nm") is None:
         print("perf_map: needs binutils' nm (it reads the object code's symbol tables)", file=sys.stderr)
         return 2
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            print("perf_map: -m needs a module name", file=sys.stderr)
+            return 2
+        try:
+            found = importlib.util.find_spec(argv[1]) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            print(f"perf_map: no module named {argv[1]!r}", file=sys.stderr)
+            return 2
+    elif not os.path.isfile(argv[0]):
+        print(f"perf_map: no such script: {argv[0]}", file=sys.stderr)
+        return 2
     install()
 
     def at_exit():
@@ -163,9 +180,6 @@ def main(argv):
         print(f"perf_map: {n} functions named in /tmp/perf-{os.getpid()}.map", file=sys.stderr)
     atexit.register(at_exit)
     if argv[0] == "-m":
-        if len(argv) < 2:
-            print("perf_map: -m needs a module name", file=sys.stderr)
-            return 2
         sys.argv = [argv[1]] + argv[2:]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:

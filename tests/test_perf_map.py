@@ -72,3 +72,12 @@ def test_map_covers_the_kernels_entry_compiled_and_loaded_from_cache(tmp_path):
 def test_usage_without_a_program():
     done = subprocess.run([sys.executable, _PATH], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "usage:" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+@pytest.mark.parametrize("args,message", [(["no_such_script.py"], "perf_map: no such script: no_such_script.py"),
+                                          (["-m", "no_such_module"], "perf_map: no module named 'no_such_module'"),
+                                          (["-m"], "perf_map: -m needs a module name")])
+def test_a_program_that_is_not_there_is_one_line(args, message):
+    done = subprocess.run([sys.executable, _PATH] + args, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr == message + "\n"
