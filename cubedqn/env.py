@@ -100,14 +100,14 @@ def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a
     out (M, 2S+8) uint8 records (see replay.RecordLayout); reward_f32 (M,) is the float32
     view of their reward field.
 
-    Returns (transitions emitted, episodes solved). Ended envs still hold their final state:
-    reset them with reset_envs(mask=ended).
+    Returns (transitions emitted, episodes solved, episodes ended). Ended envs still hold
+    their final state: reset them with reset_envs(mask=ended).
     """
     n, s = states.shape
     nstep = hist_s.shape[1]
     tmp = np.empty(s, np.uint8)
     count = 0
-    n_solved = 0
+    n_solved = n_ended = 0
     for i in range(n):
         k = hist_len[i]
         for j in range(s):
@@ -125,6 +125,8 @@ def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a
         ended[i] = solved or truncated
         if solved:
             n_solved += 1
+        if ended[i]:
+            n_ended += 1
         m = hist_len[i]
         if m == nstep or ended[i]:
             n_emit = m if ended[i] else 1
@@ -151,7 +153,7 @@ def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a
                         hist_s[i, e - 1, j] = hist_s[i, e, j]
                     hist_a[i, e - 1] = hist_a[i, e]
                 hist_len[i] = m - 1
-    return count, n_solved
+    return count, n_solved, n_ended
 
 
 class VecEnv:
@@ -172,6 +174,7 @@ class VecEnv:
         (self.out_s, self.out_next, self.out_a, self.out_done, self.out_n,
          self.out_r) = self.record_layout.views(self.out)
         self.ended = np.zeros(n_envs, np.bool_)
+        self.n_ended = 0  # of the last step: its count of True in `ended`
         self.actions = np.zeros(n_envs, np.int64)
         self._moves = np.ascontiguousarray(puzzle.moves)
 
@@ -180,8 +183,12 @@ class VecEnv:
                    self.ep_steps, self.hist_len)
 
     def step(self, actions):
-        return step_envs(self.states, actions, self._moves, self.ep_steps, self.max_moves, self.gamma,
-                         self.hist_s, self.hist_a, self.hist_len, self.out, self.out_r, self.ended)
+        """Step every env (step_envs); returns (transitions emitted, episodes solved), and
+        n_ended is the number of episodes that ended (their envs marked in `ended`)."""
+        count, solved, self.n_ended = step_envs(self.states, actions, self._moves, self.ep_steps, self.max_moves,
+                                                self.gamma, self.hist_s, self.hist_a, self.hist_len, self.out,
+                                                self.out_r, self.ended)
+        return count, solved
 
     ARRAYS = ("states", "ep_steps", "hist_s", "hist_a", "hist_len")
 

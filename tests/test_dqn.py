@@ -432,13 +432,13 @@ def test_n_step_returns_on_a_hand_made_trajectory():
     env.states[0] = s0
     env.step(np.array([1]))  # U'
     c1 = env.step(np.array([1]))  # wrong way: U' again (no solve)
-    assert c1 == (0, 0)
+    assert c1 == (0, 0) and env.n_ended == 0
     c2 = env.step(np.array([0]))  # U: back to after U'
     assert c2[0] == 1  # history full (3): emits the oldest
     assert env.out_n[0] == 3 and env.out_r[0] == pytest.approx(-(1 + 0.5 + 0.25))
     assert np.array_equal(env.out_s[0], s0) and env.out_done[0] == 0
     c3 = env.step(np.array([7]))  # R': solved -> emits the 3 remaining transitions
-    assert c3 == (3, 1) and env.ended[0]
+    assert c3 == (3, 1) and env.ended[0] and env.n_ended == 1
     np.testing.assert_allclose(env.out_r[:3], [-(1 + 0.5 + 0.25), -(1 + 0.5), -1])
     assert env.out_n[:3].tolist() == [3, 2, 1] and env.out_done[:3].tolist() == [1, 1, 1]
     assert all(np.array_equal(env.out_next[k], P2.solved) for k in range(3))
@@ -449,7 +449,21 @@ def test_truncation_is_not_terminal():
     env.states[0] = P2.solved[P2.moves[6]][P2.moves[0]][P2.moves[8]]
     env.step(np.array([2]))
     c, solved = env.step(np.array([2]))
-    assert env.ended[0] and solved == 0 and env.out_done[0] == 0
+    assert env.ended[0] and solved == 0 and env.out_done[0] == 0 and env.n_ended == 1
+
+
+def test_ended_count_matches_the_ended_marks():
+    # many envs, short episodes: some end by truncation, some by solving, some go on
+    env = VecEnv(P2, 32, 12, max_moves=3, gamma=0.9, n_step=2)
+    rng = np.random.default_rng(5)
+    env.states[:] = P2.solved[P2.moves[rng.integers(0, 12, 32)]]  # one move from solved: a solve is likely
+    mixed = False
+    for _ in range(6):
+        env.step(rng.integers(0, 12, 32))
+        assert env.n_ended == int(env.ended.sum())
+        mixed |= 0 < env.n_ended < 32
+        env.reset(env.ended, 1, 3, make_rng(1))
+    assert mixed
 
 
 def test_double_vs_vanilla_targets_on_a_hand_made_batch():
