@@ -114,6 +114,29 @@ def voidptr_at(typingctx, address):
 
 
 @intrinsic
+def prefetch(typingctx, arr, i):
+    """A software prefetch of the cache line holding arr[i] (1D), for reading, into every
+    cache level. Unlike a load it puts nothing in a register, so nothing waits for it:
+    the instructions after it go on while the line comes in. x86 never faults on one, but
+    callers keep i in bounds all the same. (The prioritized replay's descents and the
+    optimizer's lazy row updates.)"""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a = context.make_array(sig.args[0])(context, builder, args[0])
+        p = cgutils.get_item_pointer(context, builder, sig.args[0], a, [args[1]], wraparound=False)
+        i32 = llir.IntType(32)
+        fn = builder.module.declare_intrinsic("llvm.prefetch", [cgutils.voidptr_t], llir.FunctionType(
+            llir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]))
+        # (address, 0: for a read, 3: keep in all levels, 1: a data cache)
+        builder.call(fn, [builder.bitcast(p, cgutils.voidptr_t), llir.Constant(i32, 0), llir.Constant(i32, 3),
+                          llir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.none(arr, i), codegen
+
+
+@intrinsic
 def range_fn(typingctx, slot):
     """The address in slot `slot` of the range-function table (0 where none is set)."""
     def codegen(context, builder, sig, args):

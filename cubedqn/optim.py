@@ -30,7 +30,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import overload
 
-from .blas import run_range, voidptr_at
+from .blas import prefetch, run_range, voidptr_at
 from .nn import aligned_zeros
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw")
@@ -357,9 +357,20 @@ def clipped_step(kind, clip, max_norm, params, grads, m, v, slices, lr, mu, b1, 
 # the dense update exactly (other rows have zero gradient); momentum and Adam leave
 # untouched rows and their moments alone (TensorFlow's LazyAdam, PyTorch's SparseAdam).
 
+# Each row update first prefetches the first line of the parameter row (and of its moments'
+# rows) ROWS_AHEAD touched rows on: the touched rows are scattered over the layer (at the
+# cube2 preset's shape 1,662 of 9,261 rows of 1 KB), so every row starts new streams for
+# the hardware prefetcher, and the lazy Adam ran the same rows 2.2x slower than as many
+# contiguous ones (runs/perf42/bandwidth.txt). See docs/performance-log.md, stop 49, for
+# what it buys.
+ROWS_AHEAD = 8
+
+
 @njit(cache=True, fastmath=True, error_model="numpy")
 def sgd_update_rows(p, g, touched, n, width, scale, lr, wd):
     for k in range(n):
+        if k + ROWS_AHEAD < n:
+            prefetch(p, touched[k + ROWS_AHEAD] * width)
         lo = touched[k] * width
         sgd_update(p[lo:lo + width], g[k * width:(k + 1) * width], scale, lr, wd)
 
@@ -367,6 +378,10 @@ def sgd_update_rows(p, g, touched, n, width, scale, lr, wd):
 @njit(cache=True, fastmath=True, error_model="numpy")
 def momentum_update_rows(p, g, buf, touched, n, width, scale, lr, mu, nesterov, wd):
     for k in range(n):
+        if k + ROWS_AHEAD < n:
+            ahead = touched[k + ROWS_AHEAD] * width
+            prefetch(p, ahead)
+            prefetch(buf, ahead)
         lo = touched[k] * width
         momentum_update(p[lo:lo + width], g[k * width:(k + 1) * width], buf[lo:lo + width], scale, lr, mu,
                         nesterov, wd)
@@ -376,6 +391,11 @@ def momentum_update_rows(p, g, buf, touched, n, width, scale, lr, mu, nesterov, 
 def adam_update_rows(p, g, m, v, touched, n, width, scale, lr, b1, b2, eps, bc1, bc2, wd, decoupled):
     step, eps_b, c1, c2, keep, plain = adam_constants(m, lr, b1, b2, eps, bc1, bc2, scale, wd, decoupled)
     for k in range(n):
+        if k + ROWS_AHEAD < n:
+            ahead = touched[k + ROWS_AHEAD] * width
+            prefetch(p, ahead)
+            prefetch(m, ahead)
+            prefetch(v, ahead)
         lo, hi, glo = touched[k] * width, (touched[k] + 1) * width, k * width
         if plain:
             adam_plain(p[lo:hi], g[glo:glo + width], m[lo:hi], v[lo:hi], b1, b2, c1, c2, step, eps_b, keep)

@@ -22,6 +22,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from .blas import prefetch
 from .calls import Entry
 from .rng import below, uniform
 
@@ -233,28 +234,6 @@ def _add_prioritized(records, src, tree, pos, count, value):
 
 
 @intrinsic
-def _prefetch(typingctx, arr, i):
-    """A software prefetch of the cache line holding arr[i] (1D), for reading, into every
-    cache level. Unlike a load it puts nothing in a register, so nothing waits for it:
-    the instructions after it go on while the line comes in. x86 never faults on one, but
-    callers keep i in bounds all the same."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(i, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        a = context.make_array(sig.args[0])(context, builder, args[0])
-        p = cgutils.get_item_pointer(context, builder, sig.args[0], a, [args[1]], wraparound=False)
-        i32 = ir.IntType(32)
-        fn = builder.module.declare_intrinsic("llvm.prefetch", [cgutils.voidptr_t], ir.FunctionType(
-            ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]))
-        # (address, 0: for a read, 3: keep in all levels, 1: a data cache)
-        builder.call(fn, [builder.bitcast(p, cgutils.voidptr_t), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                          ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-    return types.none(arr, i), codegen
-
-
-@intrinsic
 def _bits(typingctx, x):
     """The int64 whose bits are float64 x's."""
     if not isinstance(x, types.Float) or x.bitwidth != 64:
@@ -413,12 +392,12 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
             node = left + right
             out[k] = node
             if ahead:
-                _prefetch(tree, 2 * node)  # the pair this draw reads at the next level
+                prefetch(tree, 2 * node)  # the pair this draw reads at the next level
             else:  # every line of the drawn row: a byte in each 64, and its last
                 i = min(node - cap2, size - 1) * row
                 for b in range(0, row - 1, 64):
-                    _prefetch(flat, i + b)
-                _prefetch(flat, i + row - 1)
+                    prefetch(flat, i + b)
+                prefetch(flat, i + row - 1)
     for k in range(n):
         i = out[k] - cap2
         if i >= size:
