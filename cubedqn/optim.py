@@ -282,12 +282,6 @@ def fill_context(ctx, kind, p, g, m, v, rows, width, scale, lr, mu, b1, b2, eps,
     f[CTX_EPS], f[CTX_BC1], f[CTX_BC2], f[CTX_WD] = eps, bc1, bc2, wd
 
 
-@njit(cache=True, error_model="numpy")
-def flat_update(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
-    """update_flat, called from Python (Optimizer.step_rows)."""
-    update_flat(ctx, kind, p, g, m, v, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
-
-
 def update_rows_flat(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
     """update_rows over rows touched[:n]: float32 buffers (int64 rows) through the context (chunks of
     whole rows, shared by the team's threads where it runs; a row's update is the same code
@@ -306,12 +300,6 @@ def _update_rows_flat_overload(ctx, kind, p, g, m, v, touched, n, width, scale, 
                      bc2, wd)
         run_range(voidptr_at(ctx[CTX_FN]), voidptr_at(ctx.ctypes.data), n * width, width)
     return via_range
-
-
-@njit(cache=True, error_model="numpy")
-def flat_update_rows(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd):
-    """update_rows_flat, called from Python (Optimizer.step_rows)."""
-    update_rows_flat(ctx, kind, p, g, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
 
 
 @njit(cache=True, error_model="numpy")
@@ -347,6 +335,22 @@ def clipped_step(kind, clip, max_norm, params, grads, m, v, slices, lr, mu, b1, 
     norm = np.sqrt(sq_norm(grads))
     scale = clip_factor(norm, max_norm) if clip == 0 else 1.0
     update_flat(ctx, kind, params, grads, m, v, params.dtype.type(scale), lr, mu, b1, b2, eps, bc1, bc2, wd)
+    return norm
+
+
+@njit(cache=True, error_model="numpy")
+def clipped_step_rows(kind, clip, max_norm, params, row_grads, m, v, touched, n, width, tail_grads, lr, mu, b1, b2,
+                      eps, bc1, bc2, wd, ctx):
+    """clipped_step with a row-sparse head (Optimizer.step_rows; clip: CLIP_CODES, global or
+    none): the global norm of the compact rows row_grads[:n * width] and of tail_grads,
+    then rows touched[:n] of params updated from the compact rows (update_rows_flat) and
+    params[-len(tail_grads):] from tail_grads (update_flat). Returns the norm before
+    clipping. One call where step_rows made four from Python (two norms, two updates)."""
+    norm = np.sqrt(sq_norm(row_grads[:n * width]) + sq_norm(tail_grads))
+    scale = params.dtype.type(clip_factor(norm, max_norm) if clip == 0 else 1.0)
+    update_rows_flat(ctx, kind, params, row_grads, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
+    lo = params.shape[0] - tail_grads.shape[0]
+    update_flat(ctx, kind, params[lo:], tail_grads, m[lo:], v[lo:], scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
     return norm
 
 
@@ -530,14 +534,9 @@ class Optimizer:
         if self.clip == "layer":
             raise ValueError("row-sparse updates support clip = global or none, not layer")
         self.begin_step()
-        dense_from = params.shape[0] - tail_grads.shape[0]
-        norm = math.sqrt(sq_norm(row_grads[:n * width]) + sq_norm(tail_grads))
-        scale = self.clip_scale(norm)
-        kind, _, _, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd, ctx = self.step_args(params, row_grads)
-        sc = self.dtype.type(scale)
-        flat_update_rows(ctx, kind, params, row_grads, m, v, touched, n, width, sc, lr, mu, b1, b2, eps, bc1, bc2, wd)
-        flat_update(ctx, kind, params[dense_from:], tail_grads, m[dense_from:], v[dense_from:], sc, lr, mu, b1, b2,
-                    eps, bc1, bc2, wd)
+        kind, clip, max_norm, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd, ctx = self.step_args(params, row_grads)
+        norm = float(clipped_step_rows(kind, clip, max_norm, params, row_grads, m, v, touched, n, width, tail_grads,
+                                       lr, mu, b1, b2, eps, bc1, bc2, wd, ctx))
         self.last_norm = norm
         return norm
 

@@ -6,7 +6,7 @@ import pytest
 from cubedqn import reference as ref
 from cubedqn.cube import encode_index, encode_onehot
 from cubedqn.nn import ALIGN, LOSSES, MLP, NO_GROUPS, NO_TAKEN, Layout, aligned_zeros, loss_full, loss_taken, views
-from cubedqn.optim import Optimizer, sq_norm
+from cubedqn.optim import Optimizer, clip_factor, sq_norm, update_rows, update_slice
 from blas_rows import same
 
 S = 8  # a tiny "puzzle": 8 stickers, 6 colours
@@ -364,6 +364,40 @@ def test_lazy_rows_get_the_dense_update(kind, max_grad_norm):
     for mine_arr, dense_arr in ((p, p_dense), (opt.m, opt_dense.m), (opt.v, opt_dense.v)):
         if len(dense_arr):  # (state the kind keeps)
             np.testing.assert_allclose(mine_arr[mine], dense_arr[mine], rtol=2e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam", "adamw"])
+@pytest.mark.parametrize("clip, max_grad_norm", [("global", 0.5), ("global", 1e6), ("none", 0.5)])
+def test_lazy_step_is_its_kernels_one_after_another_bitwise(kind, clip, max_grad_norm):
+    """step_rows (one call: clipped_step_rows) gives the bits of its parts run one by one
+    from Python: the two norms, the clip factor, the rows' update (update_rows, the code
+    the cfunc chunks run) and the tail's (update_slice), with clipping that binds, that
+    does not, and clipping off. Rows of 37: vector tails."""
+    layout = Layout(in_dim=40, n_active=3, hidden=(37,), n_actions=4)
+    rng = np.random.default_rng(9)
+    width, dense_from = 37, 40 * 37
+    kw = dict(lr=0.05, weight_decay=0.01, max_grad_norm=max_grad_norm, clip=clip)
+    opt = Optimizer(kind, layout.size, np.float32, layer_slices(layout), **kw)
+    twin = Optimizer(kind, layout.size, np.float32, layer_slices(layout), **kw)
+    p = rng.normal(size=layout.size).astype(np.float32)
+    p2 = p.copy()
+    for _ in range(3):
+        rows = np.unique(rng.integers(0, 40, 9)).astype(np.int64)
+        n = len(rows)
+        compact = rng.normal(0, 2, (n + 2) * width).astype(np.float32)  # two spare rows, not read
+        tail = rng.normal(0, 2, layout.size - dense_from).astype(np.float32)
+        norm = opt.step_rows(p, compact, rows, n, width, tail)
+        twin.begin_step()
+        kc, _, max_norm, _, _, m, v, _, lr, mu, b1, b2, eps, bc1, bc2, wd, _ = twin.step_args(p2, compact)
+        norm2 = np.sqrt(sq_norm(compact[:n * width]) + sq_norm(tail))
+        scale = np.float32(clip_factor(norm2, max_norm) if clip == "global" else 1.0)
+        update_rows(kc, p2, compact, m, v, rows, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
+        update_slice(kc, p2[dense_from:], tail, m[dense_from:], v[dense_from:], scale, lr, mu, b1, b2, eps, bc1, bc2,
+                     wd)
+        assert norm == norm2 and opt.last_norm == norm
+        assert (scale < 1) == (clip == "global" and max_grad_norm < 1)  # binds where meant to
+        for a, b in ((p, p2), (opt.m, twin.m), (opt.v, twin.v)):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov"])
