@@ -344,8 +344,9 @@ def clipped_step_rows(kind, clip, max_norm, params, row_grads, m, v, touched, n,
     """clipped_step with a row-sparse head (Optimizer.step_rows; clip: CLIP_CODES, global or
     none): the global norm of the compact rows row_grads[:n * width] and of tail_grads,
     then rows touched[:n] of params updated from the compact rows (update_rows_flat) and
-    params[-len(tail_grads):] from tail_grads (update_flat). Returns the norm before
-    clipping. One call where step_rows made four from Python (two norms, two updates)."""
+    the tail, params[len(params) - len(tail_grads):], from tail_grads (update_flat).
+    Returns the norm before clipping. One call where step_rows made four from Python (two
+    norms, two updates)."""
     norm = np.sqrt(sq_norm(row_grads[:n * width]) + sq_norm(tail_grads))
     scale = params.dtype.type(clip_factor(norm, max_norm) if clip == 0 else 1.0)
     update_rows_flat(ctx, kind, params, row_grads, m, v, touched, n, width, scale, lr, mu, b1, b2, eps, bc1, bc2, wd)
@@ -539,10 +540,6 @@ class Optimizer:
                                        lr, mu, b1, b2, eps, bc1, bc2, wd, ctx))
         self.last_norm = norm
         return norm
-
-    def clip_scale(self, norm: float) -> float:
-        """The factor global-norm clipping applies to a gradient of this norm (1 = no clip)."""
-        return float(clip_factor(norm, float(self.max_grad_norm))) if self.clip == "global" else 1.0
 
     def begin_step(self):
         if not self._ctx_fn_set:

@@ -6,7 +6,7 @@ batch's gradient into the flat gradient buffer; only then does one update kernel
 SGD / momentum / Adam once per batch. (The seed CUDA MLP updated the optimizer state per
 sample and diverged to 0% accuracy.) Two launches a step: per-block partial sums of g^2,
 then the update kernel, whose every block first adds the partials up to the norm and
-derives the clipping factor itself (the rule of Optimizer.clip_scale), so the host never
+derives the clipping factor itself (the rule of optim.clip_factor), so the host never
 waits for the norm; block 0 leaves the norm in out[1] for the step's one read-back. The
 learning rate and Adam's bias corrections come from a small device array the host
 writes with the step's inputs (the schedule stays in the CPU Optimizer).
