@@ -365,8 +365,8 @@ def clipped_step_rows(kind, clip, max_norm, params, row_grads, m, v, touched, n,
 # Each row update first prefetches the first line of the parameter row (and of its moments'
 # rows) ROWS_AHEAD touched rows on: the touched rows are scattered over the layer (at the
 # cube2 preset's shape 1,662 of 9,261 rows of 1 KB), so every row starts new streams for
-# the hardware prefetcher, and the lazy Adam ran the same rows 2.1-2.2x slower than as many
-# contiguous ones (runs/perf42/bandwidth.txt). See docs/performance-log.md, stop 49, for
+# the hardware prefetcher, and the lazy Adam ran the same rows 2.1x slower than as many
+# contiguous ones (runs/perf42/bandwidth.txt, bandwidth2.txt). See docs/performance-log.md, stop 49, for
 # what it buys.
 ROWS_AHEAD = 8
 
