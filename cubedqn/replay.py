@@ -24,6 +24,7 @@ from numba.extending import intrinsic, overload
 
 from .blas import prefetch
 from .calls import Entry
+from .nn import aligned_zeros
 from .rng import below, uniform
 
 
@@ -319,6 +320,17 @@ def positive_powers(x, p):
         x[k] = w if v > 0.0 else 0.0
 
 
+CACHED_LEVELS = 14  # the sum-tree's levels above 2^14 nodes (128 KB): one at a time
+
+
+@njit(cache=True, inline="always")
+def _prefetch_row(flat, i, row):
+    """Every line of the record row at flat[i:i + row]: a byte in each 64, and its last."""
+    for b in range(0, row - 1, 64):
+        prefetch(flat, i + b)
+    prefetch(flat, i + row - 1)
+
+
 @njit(cache=True)
 def tree_find(tree, cap2, mass):
     """Leaf index i such that the prefix sum of leaves before i <= mass < prefix incl. i.
@@ -369,7 +381,17 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
     has at beta 0.4, would otherwise be stored as inf (tested). ReplayBuffer.sample with
     them against 668bd7d's float32 powf (runs/perf39/sample_ab.txt, with the gather's
     change, two runs, 15 alternating rounds each): 1.04x / 1.02x on 1M records, 1.12x /
-    1.07x on 50,000."""
+    1.07x on 50,000.
+
+    Below the top CACHED_LEVELS levels a step takes three levels at once, from the one
+    cache line that holds the node's eight descendants three levels down (8j .. 8j + 7;
+    the tree starts on a line's boundary): a draw then misses on a line every three levels
+    instead of every level. The top levels stay one at a time: from cache, the three-level
+    step's seven adds cost more than the three loads it saves (all the levels in such steps
+    on a 50,000-leaf tree: 0.85x of one at a time). 64 draws alone, in process, the same
+    picks (runs/perf43/descent_variants3.txt, 9 alternating rounds), against one level at a
+    time at signed indices: 1.33x / 1.36x on 1M / 4M leaves, and 1.05-1.11x at 50,000 and
+    1M from the unsigned indices alone."""
     total = tree[1]
     n = out.shape[0]
     seg = total / n
@@ -378,26 +400,56 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
     for k in range(n):
         mass[k] = (k + uniform(rng)) * seg
         out[k] = 1
-    width = 1
-    while width < cap2:
-        width *= 2
-        ahead = width < cap2  # not at the leaves: the node has children to prefetch
+    levels = 0
+    while (1 << levels) < cap2:
+        levels += 1
+    steps = max(0, levels - CACHED_LEVELS) // 3  # three-level steps at the bottom
+    top = levels - 3 * steps  # levels taken one at a time
+    # indices as uint64: numba adds a wraparound select to every load at a signed index
+    one, two, four, eight = np.uint64(1), np.uint64(2), np.uint64(4), np.uint64(8)
+    for lv in range(top):
         for k in range(n):
             # tree_find's step without a branch: which way a draw goes is a coin toss, and
             # a mispredicted branch threw away the loads issued after it
-            left = 2 * out[k]
+            left = np.uint64(out[k]) << one
             m, tl = mass[k], tree[left]
-            right = np.int64((m >= tl) & (tree[left + 1] > 0.0))
+            right = (m >= tl) & (tree[left + one] > 0.0)
             mass[k] = m - tl * np.float64(right)  # m - 0.0 going left: the same bits as no subtraction
-            node = left + right
-            out[k] = node
-            if ahead:
-                prefetch(tree, 2 * node)  # the pair this draw reads at the next level
-            else:  # every line of the drawn row: a byte in each 64, and its last
-                i = min(node - cap2, size - 1) * row
-                for b in range(0, row - 1, 64):
-                    prefetch(flat, i + b)
-                prefetch(flat, i + row - 1)
+            node = left + np.uint64(right)
+            out[k] = np.int64(node)
+            if lv + 1 < top:
+                prefetch(tree, np.int64(node << one))  # the pair this draw reads at the next level
+            elif steps > 0:
+                prefetch(tree, np.int64(node << np.uint64(3)))  # the line of its first three-level step
+            else:
+                _prefetch_row(flat, min(np.int64(node) - cap2, size - 1) * row, row)
+    for s in range(steps):
+        for k in range(n):
+            base = eight * np.uint64(out[k])  # node j's descendants three levels down: 8j .. 8j + 7
+            m = mass[k]
+            # tree_find's three steps from this one line: each level's two nodes are the sums
+            # of their descendants in it, added as the tree adds them, so the same bits as
+            # the nodes stored above the line
+            tl = (tree[base] + tree[base + one]) + (tree[base + two] + tree[base + np.uint64(3)])
+            tr = (tree[base + four] + tree[base + np.uint64(5)]) + (tree[base + np.uint64(6)]
+                                                                   + tree[base + np.uint64(7)])
+            right = (m >= tl) & (tr > 0.0)
+            m -= tl * np.float64(right)
+            base += four * np.uint64(right)
+            tl = tree[base] + tree[base + one]
+            tr = tree[base + two] + tree[base + np.uint64(3)]
+            right = (m >= tl) & (tr > 0.0)
+            m -= tl * np.float64(right)
+            base += two * np.uint64(right)
+            tl = tree[base]
+            right = (m >= tl) & (tree[base + one] > 0.0)
+            mass[k] = m - tl * np.float64(right)
+            node = base + np.uint64(right)
+            out[k] = np.int64(node)
+            if s + 1 < steps:
+                prefetch(tree, np.int64(eight * node))  # the line this draw reads at its next step
+            else:
+                _prefetch_row(flat, min(np.int64(node) - cap2, size - 1) * row, row)
     for k in range(n):
         i = out[k] - cap2
         if i >= size:
@@ -466,7 +518,8 @@ class ReplayBuffer:
         # floats, whatever numbers are given: the kernels' entry points are found for float64 (calls.py)
         self.prioritized, self.alpha, self.eps = prioritized, float(alpha), float(eps)
         self.cap2 = 1 << max(0, (capacity - 1).bit_length())
-        self.tree = np.zeros(2 * self.cap2 if prioritized else 0, np.float64)
+        # on a cache line's boundary: the sampler's descents read eight nodes 8j .. 8j + 7 as one line
+        self.tree = aligned_zeros(2 * self.cap2 if prioritized else 0, np.float64)
         self._ascents = (np.zeros(0, np.int64), np.zeros(0, np.float64))  # update_priorities' scratch
         self.max_priority = 1.0
 

@@ -152,12 +152,12 @@ def test_uniform_sampling_distribution():
 
 
 @pytest.mark.parametrize("capacity,size", [(1, 1), (3, 2), (13, 13), (20, 20), (40, 37), (1000, 700), (5000, 5000),
-                                           (1 << 18, 3000)])
+                                           (1 << 18, 3000), ((1 << 20) + 1, (1 << 20) + 1)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_prioritized_sampling_descends_as_tree_find_does(capacity, size, dtype):
     """The sampler's descents, run level by level side by side, pick what tree_find picks
     one at a time from the same draws (zero priorities among the leaves too; trees of 0 to
-    18 levels), and the importance weights float64's pow gives, rounded once to the batch's
+    21 levels: the ones of 17 and more take their bottom levels three at a time), and the importance weights float64's pow gives, rounded once to the batch's
     dtype (positive_powers is within about 1e-13 of pow)."""
     from cubedqn.rng import uniform
     rng = np.random.default_rng(capacity)
