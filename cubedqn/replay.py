@@ -320,7 +320,64 @@ def positive_powers(x, p):
         x[k] = w if v > 0.0 else 0.0
 
 
-CACHED_LEVELS = 14  # the sum-tree's levels above 2^14 nodes (128 KB): one at a time
+CACHED_LEVELS = 14  # the sum-tree's levels above 2^14 nodes (128 KB): one level a step
+
+
+@intrinsic
+def _level_step4(typingctx, tree, out, mass, k):
+    """tree_find's level step for the four draws out[k:k + 4] (nodes, int64) and
+    mass[k:k + 4] (their remaining masses, float64), as AVX2 vectors: each draw's pair
+    tree[2j], tree[2j + 1] loaded as one 16-byte vector, the four pairs turned into the
+    left nodes' vector and the right nodes' by shuffles, then the scalar step's compare,
+    subtraction (of tl or of 0.0: the same bits) and next node, lane by lane. LLVM compiles
+    the scalar loop scalar (a gather per load is not worth it to its cost model). The top
+    levels of 64 draws alone (runs/perf43/simd_levels.py / .txt, less the call and the
+    draws' uniforms): 1.72x / 2.43x / 1.64x the scalar loop on 50,000 / 1M / 4M leaves;
+    two llvm.masked.gather in place of the pair loads, 0.68-0.74x as fast as these; a
+    prefetch of each lane's next pair, 0.78x. So no prefetch: the caller runs it on the
+    levels above the last one-level step, which stay in cache or nearly."""
+    arrays = ((tree, types.float64), (out, types.int64), (mass, types.float64))
+    if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == d for a, d in arrays):
+        return None  # vector loads and stores: contiguous arrays of these types only
+
+    def codegen(context, builder, sig, args):
+        t, o, m = (context.make_array(ty)(context, builder, a) for ty, a in zip(sig.args[:3], args[:3]))
+        k = args[3]
+        f64, i64, i32 = ir.DoubleType(), ir.IntType(64), ir.IntType(32)
+        v4d, v4i, v2d = ir.VectorType(f64, 4), ir.VectorType(i64, 4), ir.VectorType(f64, 2)
+        at_nodes = builder.bitcast(builder.gep(o.data, [k]), v4i.as_pointer())
+        at_mass = builder.bitcast(builder.gep(m.data, [k]), v4d.as_pointer())
+        nodes, masses = builder.load(at_nodes, align=8), builder.load(at_mass, align=8)
+        left = builder.shl(nodes, ir.Constant(v4i, [1] * 4))
+        pairs = [builder.load(builder.bitcast(builder.gep(t.data, [builder.extract_element(left, ir.Constant(i32, q))]),
+                                              v2d.as_pointer()), align=8) for q in range(4)]
+
+        def shuffle(a, b, lanes):
+            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, len(lanes)), lanes))
+        even, odd = shuffle(pairs[0], pairs[2], [0, 1, 2, 3]), shuffle(pairs[1], pairs[3], [0, 1, 2, 3])
+        tl, tr = shuffle(even, odd, [0, 4, 2, 6]), shuffle(even, odd, [1, 5, 3, 7])  # (l0 l1 l2 l3), (r0 .. r3)
+        zero = ir.Constant(v4d, [0.0] * 4)
+        right = builder.and_(builder.fcmp_ordered(">=", masses, tl), builder.fcmp_ordered(">", tr, zero))
+        builder.store(builder.fsub(masses, builder.select(right, tl, zero)), at_mass, align=8)
+        builder.store(builder.add(left, builder.zext(right, v4i)), at_nodes, align=8)
+        return context.get_dummy_value()
+    return types.none(tree, out, mass, k), codegen
+
+
+@njit(cache=True, inline="always")
+def _level_step(tree, out, mass, k):
+    """tree_find's step for draw k (node out[k], remaining mass mass[k]), without a branch:
+    which way a draw goes is a coin toss, and a mispredicted branch threw away the loads
+    issued after it. Indices as uint64: numba adds a wraparound select to every load at a
+    signed index. Returns the node reached (uint64)."""
+    one = np.uint64(1)
+    left = np.uint64(out[k]) << one
+    m, tl = mass[k], tree[left]
+    right = (m >= tl) & (tree[left + one] > 0.0)
+    mass[k] = m - tl * np.float64(right)  # m - 0.0 going left: the same bits as no subtraction
+    node = left + np.uint64(right)
+    out[k] = np.int64(node)
+    return node
 
 
 @njit(cache=True, inline="always")
@@ -391,7 +448,15 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
     on a 50,000-leaf tree: 0.85x of one at a time). 64 draws alone, in process, the same
     picks (runs/perf43/descent_variants3.txt, 9 alternating rounds), against one level at a
     time at signed indices: 1.33x / 1.36x on 1M / 4M leaves, and 1.05-1.11x at 50,000 and
-    1M from the unsigned indices alone."""
+    1M from the unsigned indices alone.
+
+    The one-level steps but the last (which prefetches the next step's line or the drawn
+    row) take four draws a vector step (_level_step4). ReplayBuffer.sample in process
+    against bb5f436's scalar steps, the same bits, 15 alternating rounds, two runs
+    (runs/perf43/simd_ab_v20.txt, simd_ab_v20b.txt): 1.19x / 1.20x on 1M cube2 records,
+    1.19x / 1.15x on 1M cube3 records, 1.14x / 1.18x on 50,000. With the vector steps on
+    the top 12 levels only and the scalar, prefetching step below them: 1.04x, 1.08x,
+    1.15x (simd_ab.txt)."""
     total = tree[1]
     n = out.shape[0]
     seg = total / n
@@ -405,18 +470,16 @@ def _prioritized_indices(rng, tree, cap2, size, beta, out, weights, mass, record
         levels += 1
     steps = max(0, levels - CACHED_LEVELS) // 3  # three-level steps at the bottom
     top = levels - 3 * steps  # levels taken one at a time
-    # indices as uint64: numba adds a wraparound select to every load at a signed index
-    one, two, four, eight = np.uint64(1), np.uint64(2), np.uint64(4), np.uint64(8)
-    for lv in range(top):
+    one, two, four, eight = np.uint64(1), np.uint64(2), np.uint64(4), np.uint64(8)  # unsigned: _level_step
+    vector = max(0, top - 1)  # four draws a vector step; the last one-level step prefetches what follows
+    for _ in range(vector):
+        for k in range(0, n - 3, 4):
+            _level_step4(tree, out, mass, k)
+        for k in range(n - n % 4, n):  # the draws past the last four
+            _level_step(tree, out, mass, k)
+    for lv in range(vector, top):
         for k in range(n):
-            # tree_find's step without a branch: which way a draw goes is a coin toss, and
-            # a mispredicted branch threw away the loads issued after it
-            left = np.uint64(out[k]) << one
-            m, tl = mass[k], tree[left]
-            right = (m >= tl) & (tree[left + one] > 0.0)
-            mass[k] = m - tl * np.float64(right)  # m - 0.0 going left: the same bits as no subtraction
-            node = left + np.uint64(right)
-            out[k] = np.int64(node)
+            node = _level_step(tree, out, mass, k)
             if lv + 1 < top:
                 prefetch(tree, np.int64(node << one))  # the pair this draw reads at the next level
             elif steps > 0:
