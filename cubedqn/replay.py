@@ -334,7 +334,7 @@ def _level_step4(typingctx, tree, out, mass, k):
     levels of 64 draws alone (runs/perf43/simd_levels.py / .txt, less the call and the
     draws' uniforms): 1.72x / 2.43x / 1.64x the scalar loop on 50,000 / 1M / 4M leaves;
     two llvm.masked.gather in place of the pair loads, 0.68-0.74x as fast as these; a
-    prefetch of each lane's next pair, 0.78x. So no prefetch: the caller runs it on the
+    prefetch of each lane's next pair, 0.68-0.78x. So no prefetch: the caller runs it on the
     levels above the last one-level step, which stay in cache or nearly."""
     arrays = ((tree, types.float64), (out, types.int64), (mass, types.float64))
     if not all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == d for a, d in arrays):
