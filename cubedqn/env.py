@@ -97,7 +97,7 @@ def step_envs(states, actions, moves, ep_steps, max_moves, gamma, hist_s, hist_a
               out, reward_f32, ended):
     """Step every env; emit finished n-step transitions as replay records into out; mark ended envs.
 
-    out (M, 2S+8) uint8 records (see replay.RecordLayout); reward_f32 (M,) is the float32
+    out (M, width) uint8 records (see replay.RecordLayout); reward_f32 (M,) is the float32
     view of their reward field.
 
     Returns (transitions emitted, episodes solved, episodes ended). Ended envs still hold

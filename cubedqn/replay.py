@@ -4,7 +4,8 @@ What this file is: transitions stored as fixed-width uint8 records, one row each
 
     [state: S bytes][next state: S bytes][action][done][n][pad][reward: float32]
 
-(56 bytes per 2x2x2 transition, never float one-hot). The environment kernel writes
+(56 bytes per 2x2x2 transition, never float one-hot; a record longer than a cache line
+is padded to whole lines, see RecordLayout). The environment kernel writes
 records directly, so adding a batch is one contiguous copy (two at the wrap-around), and
 sampling is one Numba call that draws indices and gathers rows. A proportional sum-tree
 (Schaul et al. 2016) gives prioritized replay with importance weights. Save/load to .npz
@@ -27,9 +28,20 @@ from .calls import Entry
 from .nn import aligned_zeros
 from .rng import below, uniform
 
+LINE = 64  # bytes: a cache line
+
 
 class RecordLayout:
-    """Byte offsets of the fields of one transition record."""
+    """Byte offsets of the fields of one transition record.
+
+    `packed` is the fields' bytes (2S + 8), `width` a row's: a record longer than a cache
+    line is padded with zeros to whole lines (the 3x3x3's 116 bytes to 128), so that on a
+    line-aligned matrix a row spans two lines, where 116-byte rows spanned two or three
+    (2.8 on average). A sample's rows come from memory: 64 from 1M 3x3x3 records, the
+    prioritized sample 1.15x and the uniform 1.13x as fast so (runs/perf43/pad_ab.txt,
+    11 alternating rounds), for 10% more memory. A 2x2x2 record (56 bytes) stays packed:
+    64 bytes gained nothing there (1.02x / 0.97x, pad_ab_cube2.txt). Files hold the packed
+    fields only (ReplayBuffer.arrays), so they do not depend on the padding."""
 
     def __init__(self, n_stickers: int):
         s = n_stickers
@@ -37,7 +49,8 @@ class RecordLayout:
         self.state, self.next_state = 0, s
         self.action, self.done, self.nsteps = 2 * s, 2 * s + 1, 2 * s + 2
         self.reward = 2 * s + 4
-        self.width = 2 * s + 8
+        self.packed = 2 * s + 8
+        self.width = self.packed if self.packed <= LINE else -(-self.packed // LINE) * LINE
         assert self.reward % 4 == 0 and self.width % 4 == 0  # float32-aligned reward
 
     def views(self, rec: np.ndarray):
@@ -193,22 +206,75 @@ def _memcpy_rows(typingctx, dst, d0, src, s0, n):
     return types.none(dst, types.int64, src, types.int64, types.int64), codegen
 
 
-def _copy_rows(dst, d0, src, s0, n):
+STREAM_BYTES = 1 << 26  # a ring of 64 MB and more (twice this host's L3) takes its rows by streaming stores
+STREAM = 32  # bytes a streaming store writes: rows a multiple of it, on its boundaries, can be streamed
+
+
+@intrinsic
+def _stream_rows(typingctx, dst, d0, src, s0, n):
+    """dst[d0:d0 + n] = src[s0:s0 + n] by STREAM-byte non-temporal stores, then a fence (the
+    stores are weakly ordered). A non-temporal store writes its line to memory without
+    reading it into the cache first, as an ordinary store does, and without evicting a
+    line the sample is about to read: a ring much larger than the cache is written once
+    between visits, so its lines are no use to the cache. The caller checks that the rows
+    are STREAM-byte multiples on STREAM-byte boundaries (dst) and C-contiguous (both)."""
+    def codegen(context, builder, sig, args):
+        d, s = (context.make_array(t)(context, builder, a) for t, a in ((sig.args[0], args[0]), (sig.args[2], args[2])))
+        row = cgutils.unpack_tuple(builder, d.strides)[0]  # bytes
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        vec = ir.VectorType(ir.IntType(64), STREAM // 8)
+        dp = builder.gep(builder.bitcast(d.data, i8.as_pointer()), [builder.mul(args[1], row)])
+        sp = builder.gep(builder.bitcast(s.data, i8.as_pointer()), [builder.mul(args[3], row)])
+        nontemporal = builder.module.add_metadata([ir.Constant(i32, 1)])
+        size = builder.mul(args[4], row)
+        with cgutils.for_range_slice(builder, ir.Constant(size.type, 0), size, ir.Constant(size.type, STREAM)) as (at, _):
+            v = builder.load(builder.bitcast(builder.gep(sp, [at]), vec.as_pointer()), align=1)
+            store = builder.store(v, builder.bitcast(builder.gep(dp, [at]), vec.as_pointer()), align=STREAM)
+            store.set_metadata("nontemporal", nontemporal)
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.none(dst, types.int64, src, types.int64, types.int64), codegen
+
+
+def _copy_rows(dst, d0, src, s0, n, stream):
     """dst[d0:d0 + n] = src[s0:s0 + n] for 2D arrays of one row width whose rows are there
-    (the caller checks: _add_prioritized)."""
+    (the caller checks: _add_prioritized); by streaming stores where `stream` (the caller
+    checks _stream_rows' conditions on dst) and src is C-contiguous."""
 
 
 @overload(_copy_rows)
-def _copy_rows_overload(dst, d0, src, s0, n):
-    if src.layout == "C" and src.dtype == dst.dtype:  # the records the environment writes
-        def copy(dst, d0, src, s0, n):
-            _memcpy_rows(dst, d0, src, s0, n)
+def _copy_rows_overload(dst, d0, src, s0, n, stream):
+    if src.layout == "C" and dst.layout == "C" and src.dtype == dst.dtype:  # the records the environment writes
+        def copy(dst, d0, src, s0, n, stream):
+            if stream:
+                _stream_rows(dst, d0, src, s0, n)
+            else:
+                _memcpy_rows(dst, d0, src, s0, n)
     else:
-        def copy(dst, d0, src, s0, n):
+        def copy(dst, d0, src, s0, n, stream):
             for i in range(n):
                 for j in range(dst.shape[1]):
                     dst[d0 + i, j] = src[s0 + i, j]
     return copy
+
+
+@njit(cache=True)
+def _add_rows(records, src, pos, count):
+    """src's first count rows into the ring (records) at pos, wrapping, by streaming stores
+    where the ring allows them (_stream_rows; else a memcpy per run). Returns whether it
+    streamed. The uniform buffer's add where its ring is STREAM_BYTES or more: below that,
+    numpy's slice copy in ReplayBuffer.add."""
+    capacity = records.shape[0]
+    if src.shape[1] != records.shape[1] or count > src.shape[0]:
+        raise ValueError("records of another width than the buffer's, or fewer than the count")
+    if not 0 <= pos < capacity or count > capacity:
+        raise ValueError("an add outside the ring")
+    first = min(count, capacity - pos)
+    stream = records.nbytes >= STREAM_BYTES and records.shape[1] % STREAM == 0 and records.ctypes.data % STREAM == 0
+    _copy_rows(records, pos, src, 0, first, stream)
+    if count > first:
+        _copy_rows(records, 0, src, first, count - first, stream)
+    return stream
 
 
 @njit(cache=True)
@@ -223,14 +289,9 @@ def _add_prioritized(records, src, tree, pos, count, value):
     arrays rather than passed, two fewer for the call to unbox (a do-nothing call on 13
     arguments took 1.85 us, on 3 0.69: runs/perf38/costs.txt)."""
     capacity, cap2 = records.shape[0], tree.shape[0] // 2
-    if src.shape[1] != records.shape[1] or count > src.shape[0]:
-        raise ValueError("records of another width than the buffer's, or fewer than the count")
-    if cap2 < capacity or not 0 <= pos < capacity or count > capacity:
-        raise ValueError("a prioritized add outside the ring")
-    first = min(count, capacity - pos)
-    _copy_rows(records, pos, src, 0, first)
-    if count > first:
-        _copy_rows(records, 0, src, first, count - first)
+    if cap2 < capacity:
+        raise ValueError("a sum-tree too small for the ring")
+    _add_rows(records, src, pos, count)  # checks the rest before it writes
     _fill_ring(tree, cap2, pos, count, capacity, value)
 
 
@@ -544,7 +605,7 @@ class Batch:
 
     def __init__(self, n, n_stickers, dtype):
         self.layout = RecordLayout(n_stickers)
-        self.records = np.zeros((n, self.layout.width), np.uint8)
+        self.records = aligned_zeros((n, self.layout.width), np.uint8)
         (self.states, self.next_states, self.actions, self.dones, self.nsteps,
          self.rewards) = self.layout.views(self.records)
         self.discounts = np.zeros(n, dtype)
@@ -571,9 +632,12 @@ class ReplayBuffer:
         self._gamma_dtype = self._gamma_cast = None  # gamma in the last sampled batch's dtype
         # the kernels' entry points while they are called on the same arrays (calls.Entry)
         self._sample_entry = Entry(_sample_prioritized if prioritized else _sample_uniform)
-        self._add_entry, self._priorities_entry = Entry(_add_prioritized), Entry(_set_priorities)
+        self._add_entry = Entry(_add_prioritized if prioritized else _add_rows)
+        self._priorities_entry = Entry(_set_priorities)
         self.layout = RecordLayout(n_stickers)
-        self.records = np.zeros((capacity, self.layout.width), np.uint8)
+        self.records = aligned_zeros((capacity, self.layout.width), np.uint8)  # rows on lines' boundaries
+        # the uniform add's rows by streaming stores (_add_rows: the conditions it checks)
+        self._streams = self.records.nbytes >= STREAM_BYTES and self.layout.width % STREAM == 0
         (self.states, self.next_states, self.actions, self.dones, self.nsteps,
          self.rewards) = self.layout.views(self.records)
         self.pos = 0
@@ -603,7 +667,11 @@ class ReplayBuffer:
         """Append the first `count` rows of a record matrix (one or two contiguous copies).
         Called once per env iteration with a few dozen rows, so its Python is kept short:
         64 rows 1.27-1.37x faster than before stop 41 (2.33-2.46 us a call; one slice copy
-        takes 1.36), runs/perf34/replay_add_ab.txt."""
+        takes 1.36), runs/perf34/replay_add_ab.txt. A ring of STREAM_BYTES and more whose
+        rows allow it takes them by streaming stores (_add_rows): 1M 3x3x3 records, adds of
+        64 1.17x (uniform) and 1.13x (prioritized) as fast as stop 49's copies of unpadded
+        rows, where the padding alone had made them 0.89-0.97x (runs/perf43/
+        pad_stream_ab2.txt, pad_commit_ab*.txt)."""
         n = len(records)
         count = n if count is None else count
         if count == 0:
@@ -625,6 +693,18 @@ class ReplayBuffer:
                     e.bind(m, (self.records, records, self.tree), (0, 0, 0.0))
                 else:
                     e.keys, e.missed = (), (records, self.records, self.tree)
+        elif self._streams:  # the rows by streaming stores (_add_rows), its entry point as above
+            e = self._add_entry
+            k = e.keys
+            if k and k[0] is records and k[1] is self.records:
+                e.call(pos, count)
+            else:
+                _add_rows(self.records, records, pos, count)
+                m = e.missed
+                if m and m[0] is records and m[1] is self.records:
+                    e.bind(m, (self.records, records), (0, 0))
+                else:
+                    e.keys, e.missed = (), (records, self.records)
         else:
             if end <= cap:
                 self.records[pos:end] = records if count == n else records[:count]
@@ -692,7 +772,8 @@ class ReplayBuffer:
 
     # -- persistence --------------------------------------------------------------------
     def arrays(self):
-        out = {"replay_records": self.records[:self.size],
+        # the packed fields (a copy where rows are padded): files do not depend on the padding
+        out = {"replay_records": self.records[:self.size, :self.layout.packed],
                "replay_meta": np.array([self.pos, self.size, self.capacity], np.int64)}
         if self.prioritized:
             out["replay_tree"] = self.tree
@@ -704,9 +785,9 @@ class ReplayBuffer:
         if cap != self.capacity:
             raise ValueError(f"saved replay buffer holds {cap} transitions, config says {self.capacity}")
         src = data["replay_records"]
-        if src.shape != (size, self.layout.width):
-            raise ValueError(f"saved replay records have shape {src.shape}")
-        self.records[:size] = src
+        if src.shape != (size, self.layout.packed):
+            raise ValueError(f"saved replay records have shape {src.shape}, expected {(size, self.layout.packed)}")
+        self.records[:size, :self.layout.packed] = src
         self.pos, self.size = pos, size
         if self.prioritized:
             if "replay_tree" not in data:

@@ -15,7 +15,7 @@ from cubedqn.env import VecEnv, draw_explorers, greedy_actions, select_actions
 from cubedqn.encoding import Encoder, Policy, q_to_world
 from cubedqn.learner import Learner, all_action_targets, row_max, sampled_targets
 from cubedqn.nn import ALIGN, MLP, Layout
-from cubedqn.replay import Batch, ReplayBuffer, _fill_ring, tree_find, tree_rebuild, tree_set
+from cubedqn.replay import Batch, RecordLayout, ReplayBuffer, _fill_ring, tree_find, tree_rebuild, tree_set
 from cubedqn.rng import make_rng
 from ahead_stand_in import AheadStandIn
 from blas_rows import same
@@ -79,7 +79,7 @@ def _powers_row_by_row(gamma, n, out):
     return out
 
 
-@pytest.mark.parametrize("stickers", [24, 54, 96])  # records of 56, 116 and 200 bytes
+@pytest.mark.parametrize("stickers", [24, 54, 96])  # records of 56 bytes, 116 and 200 padded to 128 and 256
 @pytest.mark.parametrize("prioritized", [False, True])
 def test_replay_sample_gathers_the_sampled_records(stickers, prioritized):
     """sample's gather (two passes: a byte of each cache line first, then the rows) gives
@@ -111,6 +111,81 @@ def test_replay_sample_gathers_the_sampled_records(stickers, prioritized):
         assert np.array_equal(batch.discounts, _powers_row_by_row(dtype(0.9), n, np.empty(64, dtype)))
     with pytest.raises(AttributeError):
         buf.gamma = 0.5  # fixed at construction: sample's cast of it would go stale
+
+
+def test_records_longer_than_a_line_are_padded_to_whole_lines(tmp_path):
+    """A record of more than 64 bytes takes whole cache lines in memory (rows on lines'
+    boundaries, the padding zero, the fields where they were), and a file holds the packed
+    fields only: what an older file holds, so it loads the same; a file of padded rows is
+    refused with the shape it needed. The env writes its records with the same padding."""
+    rng = np.random.default_rng(5)
+    for stickers, packed, width in ((24, 56, 56), (54, 116, 128), (96, 200, 256)):
+        layout = RecordLayout(stickers)
+        assert (layout.packed, layout.width) == (packed, width) and layout.reward + 4 == packed
+        buf = ReplayBuffer(50, stickers, gamma=0.9, prioritized=True)
+        batch = Batch(8, stickers, np.float32)
+        assert buf.records.shape == (50, width) and batch.records.shape == (8, width)
+        assert buf.records.ctypes.data % 64 == 0 and batch.records.ctypes.data % 64 == 0
+        rows = np.zeros((30, width), np.uint8)
+        rows[:, :packed] = rng.integers(0, 256, (30, packed))
+        buf.add(rows)
+        buf.save(tmp_path / "r.npz")
+        with np.load(tmp_path / "r.npz") as data:
+            assert np.array_equal(data["replay_records"], rows[:, :packed])
+        other = ReplayBuffer(50, stickers, gamma=0.9, prioritized=True)
+        other.load(tmp_path / "r.npz")
+        assert np.array_equal(other.records, buf.records) and np.array_equal(other.tree, buf.tree)
+        other.sample(make_rng(1), batch)
+        assert np.array_equal(batch.records, rows[batch.indices])
+        if width != packed:
+            arrays = {k: np.asarray(v) for k, v in buf.arrays().items()}
+            arrays["replay_records"] = buf.records[:30]
+            np.savez(tmp_path / "padded.npz", **arrays)
+            with pytest.raises(ValueError, match=f"expected \\(30, {packed}\\)"):
+                other.load(tmp_path / "padded.npz")
+    env = VecEnv(get_puzzle("cube3"), 4, 12, max_moves=3, gamma=0.9, n_step=1)
+    assert env.out.shape[1] == RecordLayout(54).width == 128
+    env.reset(np.ones(4, np.bool_), 1, 3, make_rng(0))
+    total = 0
+    for _ in range(6):
+        count, _ = env.step(np.zeros(4, np.int64))
+        assert not env.out[:count, 116:].any() and env.out[:count, 0:54].any()
+        total += count
+        env.reset(env.ended, 1, 3, make_rng(1))
+    assert total > 0
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_adds_to_a_large_ring_stream_the_same_rows(prioritized):
+    """A ring of STREAM_BYTES and more with rows a multiple of STREAM bytes (1M 3x3x3
+    records) takes its adds by non-temporal stores (_add_rows says so); the rows land as
+    numpy's copy puts them, across the wrap too, from a record matrix whose rows are not
+    contiguous as well (the element loop). A smaller ring copies them as before."""
+    from cubedqn.replay import STREAM_BYTES, _add_rows
+    rng = np.random.default_rng(6)
+    buf = ReplayBuffer(1_000_000, 54, gamma=0.9, prioritized=prioritized)
+    assert buf.records.nbytes >= STREAM_BYTES
+    rows = rng.integers(0, 256, (100, buf.layout.width)).astype(np.uint8)
+    buf.add(rows, 70)
+    assert np.array_equal(buf.records[:70], rows[:70]) and not buf.records[70:80].any()
+    buf.pos = buf.capacity - 30
+    wide = np.zeros((100, 2 * buf.layout.width), np.uint8)
+    wide[:, ::2] = rows  # every other byte: rows of the width that are not contiguous
+    for src in (wide[:, ::2], rows, rows, rows):  # the same rows from the third on: by the entry point
+        buf.pos = buf.capacity - 30
+        buf.records[:] = 0
+        buf.add(src, 64)
+        assert np.array_equal(buf.records[-30:], rows[:30]) and np.array_equal(buf.records[:34], rows[30:64])
+        assert not buf.records[34:-30].any()
+    assert buf._add_entry.keys[0] is rows
+    if prioritized:
+        assert np.array_equal(buf.tree[buf.cap2 + np.r_[0:34, buf.capacity - 30:buf.capacity]], np.ones(64))
+    assert _add_rows(buf.records, rows, 0, 10)
+    small = ReplayBuffer(1000, 54, gamma=0.9)
+    assert not _add_rows(small.records, rows, 995, 10)
+    assert np.array_equal(small.records[995:], rows[:5]) and np.array_equal(small.records[:5], rows[5:10])
+    with pytest.raises(ValueError, match="another width"):
+        buf.add(np.zeros((5, buf.layout.packed), np.uint8))
 
 
 def test_replay_ring_round_trip_and_wraparound(tmp_path):
