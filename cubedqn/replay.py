@@ -669,7 +669,7 @@ class ReplayBuffer:
         64 rows 1.27-1.37x faster than before stop 41 (2.33-2.46 us a call; one slice copy
         takes 1.36), runs/perf34/replay_add_ab.txt. A ring of STREAM_BYTES and more whose
         rows allow it takes them by streaming stores (_add_rows): 1M 3x3x3 records, adds of
-        64 1.17x (uniform) and 1.13x (prioritized) as fast as stop 49's copies of unpadded
+        64 1.17x (uniform) and 1.13x (prioritized) as fast as a3ba4ec's copies of unpadded
         rows, where the padding alone had made them 0.89-0.97x (runs/perf43/
         pad_stream_ab2.txt, pad_commit_ab*.txt)."""
         n = len(records)
