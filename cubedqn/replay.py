@@ -25,10 +25,8 @@ from numba.extending import intrinsic, overload
 
 from .blas import prefetch
 from .calls import Entry
-from .nn import aligned_zeros
+from .nn import ALIGN, aligned_zeros
 from .rng import below, uniform
-
-LINE = 64  # bytes: a cache line
 
 
 class RecordLayout:
@@ -50,7 +48,7 @@ class RecordLayout:
         self.action, self.done, self.nsteps = 2 * s, 2 * s + 1, 2 * s + 2
         self.reward = 2 * s + 4
         self.packed = 2 * s + 8
-        self.width = self.packed if self.packed <= LINE else -(-self.packed // LINE) * LINE
+        self.width = self.packed if self.packed <= ALIGN else -(-self.packed // ALIGN) * ALIGN  # ALIGN: a line
         assert self.reward % 4 == 0 and self.width % 4 == 0  # float32-aligned reward
 
     def views(self, rec: np.ndarray):
@@ -192,15 +190,22 @@ def _fill_ring(tree, cap2, start, count, capacity, value):
         _fill_run(tree, cap2, 0, count - first, value)
 
 
+def _row_pointers(context, builder, sig, args):
+    """(dst row d0's address, src row s0's address, the rows' bytes) as byte pointers, for
+    the row copies' codegen (dst, d0, src, s0, n: C-contiguous 2D arrays of one row width)."""
+    d, s = (context.make_array(t)(context, builder, a) for t, a in ((sig.args[0], args[0]), (sig.args[2], args[2])))
+    row = cgutils.unpack_tuple(builder, d.strides)[0]  # bytes
+    dp = builder.gep(builder.bitcast(d.data, cgutils.voidptr_t), [builder.mul(args[1], row)])
+    sp = builder.gep(builder.bitcast(s.data, cgutils.voidptr_t), [builder.mul(args[3], row)])
+    return dp, sp, row
+
+
 @intrinsic
 def _memcpy_rows(typingctx, dst, d0, src, s0, n):
     """dst[d0:d0 + n] = src[s0:s0 + n] as one memcpy (C-contiguous 2D arrays of one dtype
     and row width: _copy_rows checks)."""
     def codegen(context, builder, sig, args):
-        d, s = (context.make_array(t)(context, builder, a) for t, a in ((sig.args[0], args[0]), (sig.args[2], args[2])))
-        row = cgutils.unpack_tuple(builder, d.strides)[0]  # bytes
-        dp = builder.gep(builder.bitcast(d.data, cgutils.voidptr_t), [builder.mul(args[1], row)])
-        sp = builder.gep(builder.bitcast(s.data, cgutils.voidptr_t), [builder.mul(args[3], row)])
+        dp, sp, row = _row_pointers(context, builder, sig, args)
         cgutils.raw_memcpy(builder, dp, sp, args[4], row)
         return context.get_dummy_value()
     return types.none(dst, types.int64, src, types.int64, types.int64), codegen
@@ -219,12 +224,9 @@ def _stream_rows(typingctx, dst, d0, src, s0, n):
     between visits, so its lines are no use to the cache. The caller checks that the rows
     are STREAM-byte multiples on STREAM-byte boundaries (dst) and C-contiguous (both)."""
     def codegen(context, builder, sig, args):
-        d, s = (context.make_array(t)(context, builder, a) for t, a in ((sig.args[0], args[0]), (sig.args[2], args[2])))
-        row = cgutils.unpack_tuple(builder, d.strides)[0]  # bytes
-        i8, i32 = ir.IntType(8), ir.IntType(32)
+        dp, sp, row = _row_pointers(context, builder, sig, args)
+        i32 = ir.IntType(32)
         vec = ir.VectorType(ir.IntType(64), STREAM // 8)
-        dp = builder.gep(builder.bitcast(d.data, i8.as_pointer()), [builder.mul(args[1], row)])
-        sp = builder.gep(builder.bitcast(s.data, i8.as_pointer()), [builder.mul(args[3], row)])
         nontemporal = builder.module.add_metadata([ir.Constant(i32, 1)])
         size = builder.mul(args[4], row)
         with cgutils.for_range_slice(builder, ir.Constant(size.type, 0), size, ir.Constant(size.type, STREAM)) as (at, _):
