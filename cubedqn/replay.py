@@ -21,7 +21,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic, overload, register_jitable
 
 from .blas import prefetch
 from .calls import Entry
@@ -215,6 +215,14 @@ STREAM_BYTES = 1 << 26  # a ring of 64 MB and more (twice this host's L3) takes 
 STREAM = 32  # bytes a streaming store writes: rows a multiple of it, on its boundaries, can be streamed
 
 
+@register_jitable
+def _streamable(records):
+    """Whether adds to this ring (uint8 records) write by streaming stores (_stream_rows): a
+    ring of STREAM_BYTES and more whose rows are whole STREAM-byte units on STREAM-byte
+    boundaries. Plain Python where ReplayBuffer decides how it adds, compiled into _add_rows."""
+    return records.nbytes >= STREAM_BYTES and records.shape[1] % STREAM == 0 and records.ctypes.data % STREAM == 0
+
+
 @intrinsic
 def _stream_rows(typingctx, dst, d0, src, s0, n):
     """dst[d0:d0 + n] = src[s0:s0 + n] by STREAM-byte non-temporal stores, then a fence (the
@@ -272,7 +280,7 @@ def _add_rows(records, src, pos, count):
     if not 0 <= pos < capacity or count > capacity:
         raise ValueError("an add outside the ring")
     first = min(count, capacity - pos)
-    stream = records.nbytes >= STREAM_BYTES and records.shape[1] % STREAM == 0 and records.ctypes.data % STREAM == 0
+    stream = _streamable(records)
     _copy_rows(records, pos, src, 0, first, stream)
     if count > first:
         _copy_rows(records, 0, src, first, count - first, stream)
@@ -638,8 +646,8 @@ class ReplayBuffer:
         self._priorities_entry = Entry(_set_priorities)
         self.layout = RecordLayout(n_stickers)
         self.records = aligned_zeros((capacity, self.layout.width), np.uint8)  # rows on lines' boundaries
-        # the uniform add's rows by streaming stores (_add_rows: the conditions it checks)
-        self._streams = self.records.nbytes >= STREAM_BYTES and self.layout.width % STREAM == 0
+        # the uniform add's rows by streaming stores (through _add_rows, which decides by the same _streamable)
+        self._streams = _streamable(self.records)
         (self.states, self.next_states, self.actions, self.dones, self.nsteps,
          self.rewards) = self.layout.views(self.records)
         self.pos = 0

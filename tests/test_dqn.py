@@ -183,6 +183,7 @@ def test_adds_to_a_large_ring_stream_the_same_rows(prioritized):
     assert _add_rows(buf.records, rows, 0, 10)
     small = ReplayBuffer(1000, 54, gamma=0.9)
     assert not _add_rows(small.records, rows, 995, 10)
+    assert buf._streams and not small._streams  # the buffer routes its adds by the kernel's own predicate
     assert np.array_equal(small.records[995:], rows[:5]) and np.array_equal(small.records[:5], rows[5:10])
     with pytest.raises(ValueError, match="another width"):
         buf.add(np.zeros((5, buf.layout.packed), np.uint8))
