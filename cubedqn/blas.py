@@ -534,6 +534,84 @@ _TILE_ENGINE, TILE_STATUS = _bind_tile(_LIBRARY_ADDRESS)
 TILE = _TILE_ENGINE is not None  # tile_gemm.py takes the products it is faster on
 
 
+def _check_sparse(setter, sgemm, bias_gemm) -> bool:
+    """Does the tile give the same bits with tile_sparse.py's path on as with it off, on
+    products whose A is half zeros (ReLU outputs): as is and transposed, B as is and
+    transposed, with the bias and ReLU, K in blocks, an odd number of rows and a row block's
+    end?"""
+    rng = np.random.default_rng(6)
+    for ta, tb, m, n, k in ((NO_TRANS, NO_TRANS, 9, 64, 40), (NO_TRANS, TRANS, 70, 128, 150),
+                            (TRANS, NO_TRANS, 67, 64, 33), (NO_TRANS, NO_TRANS, 3, 192, 300)):
+        a, b, _, _ = _check_operands(rng, m, n, k, ta, tb)
+        a[rng.random(a.shape) < 0.5] = 0
+        bias = rng.standard_normal(n).astype(np.float32)
+        outs = []
+        for on in (0, 1):
+            setter(on)
+            outs.append(_product(sgemm, m, n, k, ta, tb, a, b))
+            if ta == tb == NO_TRANS:
+                got = np.full((m, n), np.nan, np.float32)
+                bias_gemm(m, n, k, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], got.ctypes.data, n,
+                          bias.ctypes.data, 1)
+                outs.append(got)
+        half = len(outs) // 2
+        if not all(np.array_equal(x, y, equal_nan=True) for x, y in zip(outs[:half], outs[half:])):
+            return False
+    return True
+
+
+def _bind_sparse():
+    """(setter of tile_sparse.py's switch, or None, and why not), the switch left as
+    CUBEDQN_TILE_SPARSE says (on unless 0)."""
+    if _TILE_ENGINE is None:
+        return None, f"needs the tile GEMM (tile_gemm.py), which is {TILE_STATUS}"
+    if not tile_gemm.SPARSE:
+        return None, "needs AVX-512 (its compress instruction), which this CPU has not"
+    setter = ctypes.CFUNCTYPE(None, ctypes.c_int32)(_TILE_ENGINE.get_function_address(tile_gemm.SET_SPARSE))
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=1, user_api="blas"):
+        ok = _check_sparse(setter, _CTYPES_SIG(_TILE_ENGINE.get_function_address(tile_gemm.TILE)),
+                           _BIAS_CTYPES(_TILE_ENGINE.get_function_address(tile_gemm.TILE_BIAS)))
+    setter(1 if ok and _SPARSE_ENV != "0" else 0)
+    return (setter, None) if ok else (None, "not used: it failed its check against the dense loops")
+
+
+# CUBEDQN_TILE_SPARSE=0 starts with tile_sparse.py's path off (every product on the tile's
+# dense loops); set_tile_sparse turns it on and off at run time. Another value is reported
+# by the CLI (exit 2).
+_SPARSE_ENV = os.environ.get("CUBEDQN_TILE_SPARSE", "1").strip()
+SPARSE_PROBLEM = None if _SPARSE_ENV in ("0", "1") else \
+    f"CUBEDQN_TILE_SPARSE={os.environ['CUBEDQN_TILE_SPARSE']!r} is not one of: 0, 1"
+_SPARSE_SETTER, SPARSE_STATUS = _bind_sparse()
+_sparse_on = _SPARSE_SETTER is not None and _SPARSE_ENV != "0"
+
+
+def set_tile_sparse(on: bool) -> bool:
+    """Turn tile_sparse.py's path (products whose left operand is mostly zeros, on the
+    tile) on or off for every kernel in this process; the same bits either way. Returns
+    whether it is on now (never where SPARSE_STATUS says why not)."""
+    global _sparse_on
+    if _SPARSE_SETTER is not None:
+        _SPARSE_SETTER(1 if on else 0)
+        _sparse_on = bool(on)
+    return _sparse_on
+
+
+def tile_sparse_on() -> bool:
+    return _sparse_on
+
+
+@contextmanager
+def tile_sparse_as(on: bool):
+    """set_tile_sparse(on) for the block, the switch as before restored after."""
+    before = _sparse_on
+    set_tile_sparse(on)
+    try:
+        yield
+    finally:
+        set_tile_sparse(before)
+
+
 def _bind_team():
     """Put team.py's wrappers in front of whatever SYMBOL and BIAS_SYMBOL are bound to now
     (the tile, or the library and a bias that leaves it to the caller); returns (engine or

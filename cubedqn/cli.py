@@ -51,11 +51,11 @@ class CubeGroup(click.Group):
 @click.version_option(__version__, prog_name="cubedqn")
 def main():
     """cubedqn: a fast CPU deep-Q-network engine for Rubik's-cube puzzles."""
-    # unknown CUBEDQN_BLAS, CUBEDQN_TILE_GEMM, CUBEDQN_TEAM values (blas.py)
-    from .blas import CONFIG_PROBLEM, TEAM_PROBLEM, TILE_PROBLEM
+    # unknown CUBEDQN_BLAS, CUBEDQN_TILE_GEMM, CUBEDQN_TILE_SPARSE, CUBEDQN_TEAM values (blas.py)
+    from .blas import CONFIG_PROBLEM, SPARSE_PROBLEM, TEAM_PROBLEM, TILE_PROBLEM
     from .learner import FUSED_PROBLEM  # an unknown CUBEDQN_FUSED value (see learner.py)
     from .nn import PANELS_PROBLEM  # an unknown CUBEDQN_PANELS value (see nn.py)
-    problem = CONFIG_PROBLEM or TILE_PROBLEM or TEAM_PROBLEM or PANELS_PROBLEM or FUSED_PROBLEM
+    problem = CONFIG_PROBLEM or TILE_PROBLEM or SPARSE_PROBLEM or TEAM_PROBLEM or PANELS_PROBLEM or FUSED_PROBLEM
     if problem:
         raise UserError(problem)
 

@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from . import tile_bf16
+from . import tile_bf16, tile_sparse
 from .native import (bias_gemm_type, counted_loop, declare, host_cpu_name, host_has_avx2_fma, host_has_avx512,
                      load_floats, load_or_compile, sgemm_type, store_floats, tail_columns, transpose_rows,
                      zero_or_loaded)
@@ -124,6 +124,11 @@ TRANS_A_MAX = 256
 # as often, and Zen 4 has 1 MB of L2)
 ROW_BLOCK = None if AVX512 else 128
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+# TILE and TILE_BIAS try tile_sparse.py's path first where the module has it (AVX-512: it
+# needs the compress instruction, and was measured there), while its switch is on (the
+# start): void (i32) sets it, 0 leaving every product to the dense loops (blas.set_tile_sparse)
+SPARSE = AVX512
+SET_SPARSE = "cubedqn_tile_set_sparse"
 # bfloat16 products of at least this many multiply-adds (0.7 ms or more on one Zen 4 core)
 # are split by rows over the library's threads (a pthread started per share, the caller
 # taking the first): on the 2-vCPU host products of 0.35 ms ran 0.52-0.67x on two threads
@@ -155,8 +160,18 @@ def module_ir() -> str:
         sb.store(setter.args[0], flag)
         sb.ret_void()
         bf16 = (_emit_bf16_split(mod, tile_bf16.emit(mod)), flag)
-    _emit(mod, epilogue=False, bf16=bf16)
-    _emit(mod, epilogue=True, bf16=bf16)
+    sparse = None
+    if SPARSE:
+        i32 = ir.IntType(32)
+        flag = ir.GlobalVariable(mod, i32, "cubedqn_tile_sparse_on")
+        flag.linkage, flag.initializer = "internal", ir.Constant(i32, 1)
+        setter = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i32]), name=SET_SPARSE)
+        sb = ir.IRBuilder(setter.append_basic_block("entry"))
+        sb.store(setter.args[0], flag)
+        sb.ret_void()
+        sparse = (tile_sparse.emit(mod), flag)
+    _emit(mod, epilogue=False, bf16=bf16, sparse=sparse)
+    _emit(mod, epilogue=True, bf16=bf16, sparse=sparse)
     return str(mod)
 
 
@@ -239,9 +254,11 @@ def _emit_bf16_split(mod, bf16_fn):
     return fn
 
 
-def _emit(mod, epilogue, bf16=None):
+def _emit(mod, epilogue, bf16=None, sparse=None):
     """TILE (epilogue False) or TILE_BIAS into mod; bf16: (the function that runs
-    tile_bf16.BF16, split over threads where it pays, and its on flag) where the module has them."""
+    tile_bf16.BF16, split over threads where it pays, and its on flag) where the module has them;
+    sparse: (tile_sparse's function, its on flag), which both try first while the flag is set
+    on the products the tile takes whose columns are whole panels of it."""
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec = ir.VectorType(f32, LANES)
     library = declare(mod, LIBRARY, sgemm_type())
@@ -343,6 +360,22 @@ def _emit(mod, epilogue, bf16=None):
         b.ret_void()
 
     b.position_at_end(tile_bb)
+    if sparse is not None:  # A with enough zeros (a ReLU's output): tile_sparse.py, else on here
+        sparse, sparse_on = sparse
+        try_bb, dense_bb = fn.append_basic_block("sparse.try"), fn.append_basic_block("dense")
+        b.cbranch(b.and_(b.icmp_signed("!=", b.load(sparse_on), c32(0)),
+                         b.icmp_signed("==", b.srem(N, c64(tile_sparse.PANEL)), c64(0))), try_bb, dense_bb)
+        b.position_at_end(try_bb)
+        done_bb = fn.append_basic_block("sparse.done")
+        if epilogue:
+            args = list(fn.args) + [c64(0), c64(0)]
+        else:
+            args = [M, N, K, A, lda, B, ldb, C, ldc, ir.Constant(f32.as_pointer(), None), c64(0), b.zext(trans, i64),
+                    b.zext(b_trans, i64)]
+        b.cbranch(b.icmp_signed("!=", b.call(sparse, args), c64(0)), done_bb, dense_bb)
+        b.position_at_end(done_bb)
+        b.ret(c64(1)) if epilogue else b.ret_void()
+        b.position_at_end(dense_bb)
     if ROW_BLOCK:
         blocks_bb, one_bb = fn.append_basic_block("rows.l2"), fn.append_basic_block("rows.one")
         b.cbranch(b.icmp_signed(">", M, c64(ROW_BLOCK)), blocks_bb, one_bb)
@@ -544,5 +577,6 @@ def compile_tile():
         raise RuntimeError("needs AVX2 and FMA (6 x 16 tile) or AVX-512 (8 x 32)")
     symbols = (TILE, TILE_BIAS) + ((SET_PRECISION,) if tile_bf16.host_has_bf16() else ())
     # LLVM's default for the AVX-512 CPUs is 256-bit vectors; that tile is written for 512
-    return load_or_compile("tile-gemm", (__file__, tile_bf16.__file__), module_ir, symbols,
+    symbols += (SET_SPARSE,) if SPARSE else ()
+    return load_or_compile("tile-gemm", (__file__, tile_bf16.__file__, tile_sparse.__file__), module_ir, symbols,
                            ",-prefer-256-bit" if AVX512 else "")

@@ -17,7 +17,16 @@ precision bfloat16 (tile_bf16.py, CPUs with AVX512_BF16; its results checked bit
 against reference.gemm_bf16), and the two ceilings (float32 FMAs, bf16 dot products)
 are printed first.
 
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_tile_gemm.py [--library-threads 2 | --bf16]
+With --sparse FILL the columns are the tile with tile_sparse.py's path off and on (both
+the tile: blas.tile_sparse_as), op(A) a ReLU layer's output with that fraction of nonzeros
+(|normal| values, independent zeros; FILL may be a comma-separated list), the results
+checked bit for bit; "listed" is the pairs' lists' length as a fraction of K (the
+multiply-adds the sparse path does, against the dense loops' K), and products the sparse
+path leaves to the dense loops (lists past tile_sparse.FILL_MAX, or N not whole panels)
+say "dense".
+
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_tile_gemm.py [--library-threads 2 | --bf16 |
+      --sparse 0.3,0.5]
 """
 
 from __future__ import annotations
@@ -85,7 +94,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--library-threads", type=int, default=1, help="BLAS threads for the library column")
     ap.add_argument("--bf16", action="store_true", help="float32 tile against bfloat16 matmuls instead")
+    ap.add_argument("--sparse", default=None, metavar="FILL",
+                    help="the tile with and without tile_sparse.py's path, A with this fraction of nonzeros")
     args = ap.parse_args()
+    if args.sparse is not None:
+        return sparse_main(args)
     if args.library_threads < 1:
         ap.error(f"--library-threads: expected 1 or more, got {args.library_threads}")
     if not blas.TILE:
@@ -138,6 +151,56 @@ def main():
         shape = f"{m} x {k} x {n}{' (A^T)' if trans else ' (B^T)' if trans_b else ''}"
         print(f"{label:<40s} {shape:>22s} {lib_us:9.1f} {tile_us:9.1f} {flops / lib_us / 1e3:7.1f} "
               f"{flops / tile_us / 1e3:7.1f} {lib_us / tile_us:8.2f}x{'' if taken or args.bf16 else ' library'}")
+
+
+def listed_fraction(op_a):
+    """The sparse path's lists (a k where either row of a pair of op(A)'s rows is nonzero)
+    as a fraction of K: the multiply-adds it does against the dense loops'."""
+    nz = op_a != 0
+    if nz.shape[0] % 2:
+        nz = np.vstack([nz, np.zeros((1, nz.shape[1]), bool)])
+    return float((nz[0::2] | nz[1::2]).mean())
+
+
+def sparse_main(args):
+    try:
+        fills = [float(f) for f in args.sparse.split(",")]
+    except ValueError:
+        sys.exit(f"--sparse: expected fractions such as 0.3,0.5, got {args.sparse!r}")
+    if not all(0 <= f <= 1 for f in fills):
+        sys.exit(f"--sparse: fractions must be within [0, 1], got {args.sparse!r}")
+    if blas.SPARSE_STATUS:
+        sys.exit(f"--sparse: tile_sparse.py's path {blas.SPARSE_STATUS}")
+    limit_threads(1)
+    from cubedqn import tile_sparse
+    print(f"the tile (cubedqn/tile_gemm.py), one thread, with tile_sparse.py's path off and on (lists taken up to "
+          f"{tile_sparse.FILL_MAX:.2f} of K); op(A) with the given fraction of nonzeros; medians of {args.rounds} "
+          f"alternating rounds, us per product")
+    print(f"{'product':<40s} {'M x K x N':>22s} {'fill':>5s} {'listed':>6s} {'dense':>9s} {'sparse':>9s} "
+          f"{'speed-up':>9s}")
+    rng = np.random.default_rng(0)
+    for label, m, k, n, trans in PRODUCTS:
+        trans_b, trans = trans == "B", trans is True
+        for fill in fills:
+            a = np.abs(rng.standard_normal((k, m) if trans else (m, k))).astype(np.float32)
+            a *= rng.random(a.shape) < fill
+            bm = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+            outs = [np.zeros((m, n), np.float32) for _ in range(2)]
+            ta, tb = TRANS if trans else NO_TRANS, TRANS if trans_b else NO_TRANS
+            reps = max(5, int(2e8 // (2 * m * n * k)))
+            times = [[], []]
+            for _ in range(args.rounds):
+                for on, (t, out) in enumerate(zip(times, outs)):
+                    with blas.tile_sparse_as(bool(on)):
+                        t.append(time_us(True, (ta, tb, m, n, k, a, a.shape[1], bm, bm.shape[1], out), reps))
+            np.testing.assert_array_equal(outs[1], outs[0])
+            dense_us, sparse_us = (float(np.median(t)) for t in times)
+            listed = listed_fraction(a.T if trans else a)
+            taken = blas.tile_gemm.takes(m, n, k, trans, trans_b) and n % tile_sparse.PANEL == 0 and \
+                listed <= tile_sparse.FILL_MAX
+            shape = f"{m} x {k} x {n}{' (A^T)' if trans else ' (B^T)' if trans_b else ''}"
+            print(f"{label:<40s} {shape:>22s} {fill:5.2f} {listed:6.2f} {dense_us:9.1f} {sparse_us:9.1f} "
+                  f"{dense_us / sparse_us:8.2f}x{'' if taken else ' dense'}")
 
 
 if __name__ == "__main__":

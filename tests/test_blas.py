@@ -339,3 +339,96 @@ def test_bias_relu_is_left_to_the_caller_where_the_tile_does_not_take_it():
         assert not _bias_relu_jit(np.ascontiguousarray(a.T).T, b, bias, out, True)
         assert np.isnan(out).all()
         assert _bias_relu_jit(a, b, bias, out, True) == blas.TILE  # this one it takes where it is bound
+
+
+# --- tile_sparse.py: the tile's path for a left operand with many zeros (AVX-512)
+
+needs_sparse = pytest.mark.skipif(blas.SPARSE_STATUS is not None, reason=f"tile_sparse: {blas.SPARSE_STATUS}")
+
+
+def _bias_tile():
+    return blas._BIAS_CTYPES(blas._TILE_ENGINE.get_function_address(blas.tile_gemm.TILE_BIAS))
+
+
+def _sparse_cases():
+    """(m, n, k, transposed A, transposed B): pairs and an odd row, blocks of 64 rows and a
+    short last one, K in blocks of 128 and a 16-wide tail, one panel and several."""
+    for m in (1, 2, 3, 17, 64, 65, 130):
+        for k in (1, 5, 16, 17, 128, 129, 300):
+            yield m, 64, k, False, False
+    for m, n, k in ((64, 256, 256), (9, 192, 1024), (128, 128, 64), (200, 64, 40)):
+        yield m, n, k, False, False
+    for m, n, k in ((64, 256, 256), (9, 64, 129), (3, 128, 17), (70, 64, 7)):
+        yield m, n, k, False, True
+    for m, n, k in ((256, 256, 64), (67, 64, 33), (1, 64, 16), (300, 128, 128), (130, 64, 5)):
+        yield m, n, k, True, False
+
+
+@needs_sparse
+@pytest.mark.parametrize("fill", [0.0, 0.3, 0.5])
+@pytest.mark.parametrize("m,n,k,trans_a,trans_b", list(_sparse_cases()))
+def test_sparse_path_gives_the_dense_loops_bits(m, n, k, trans_a, trans_b, fill, one_blas_thread):
+    """Bitwise, through the bound symbols: the tile with tile_sparse.py's path on and off,
+    op(A) with that fraction of nonzeros (ReLU-like: zeros, positive values; one row all
+    zero, one all nonzero), with and without the bias and ReLU; C's padding untouched."""
+    rng = np.random.default_rng(m * 7919 + n * 31 + k)
+    ta, tb = (TRANS if trans_a else NO_TRANS), (TRANS if trans_b else NO_TRANS)
+    a, b, op_a, _ = blas._check_operands(rng, m, n, k, ta, tb)
+    a[:] = np.abs(a) * (rng.random(a.shape) < fill)
+    op_a[0] = 0
+    op_a[-1] = 1 + np.abs(op_a[-1])
+    bias = rng.standard_normal(n).astype(np.float32)
+    outs = {}
+    for on in (False, True):
+        with blas.tile_sparse_as(on):
+            outs[on] = [blas._product(_tile(), m, n, k, ta, tb, a, b)]
+            if not (trans_a or trans_b):
+                for relu in (0, 1):
+                    got = np.full((m, n + 1), np.nan, np.float32)
+                    assert _bias_tile()(m, n, k, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1],
+                                        got.ctypes.data, n + 1, bias.ctypes.data, relu) == 1
+                    outs[on].append(got)
+    for dense, sparse in zip(outs[False], outs[True]):
+        np.testing.assert_array_equal(sparse, dense)
+
+
+@needs_sparse
+def test_sparse_path_takes_mostly_zero_products_and_leaves_full_ones(one_blas_thread):
+    """Which path ran shows where B has an inf in a row that every row of A multiplies by
+    zero: the dense loops make NaN of 0 * inf, the sparse path never reads that row. Lists
+    of about a third of K (a pair's union at 0.2 nonzeros) take it; past FILL_MAX (0.95
+    nonzeros) the dense loops run; N not a whole number of 64-column panels, or the
+    switch off, likewise."""
+    rng = np.random.default_rng(8)
+    for fill, n, on, sparse in ((0.2, 128, True, True), (0.95, 128, True, False), (0.2, 96, True, False),
+                                (0.2, 128, False, False)):
+        a = (rng.random((64, 100)) < fill).astype(np.float32)
+        a[:, 7] = 0
+        b = rng.standard_normal((100, n)).astype(np.float32)
+        b[7, 3] = np.inf
+        with blas.tile_sparse_as(on):
+            out = blas._product(_tile(), 64, n, 100, NO_TRANS, NO_TRANS, a, b)[:, :n]
+        assert np.isfinite(out[:, 3]).all() == sparse, (fill, n, on)
+        assert np.isnan(out[:, 3]).all() == (not sparse), (fill, n, on)
+
+
+@needs_sparse
+def test_sparse_path_carries_a_nan_in_a_as_the_dense_loops_do(one_blas_thread):
+    rng = np.random.default_rng(9)
+    a = np.abs(rng.standard_normal((10, 64))).astype(np.float32) * (rng.random((10, 64)) < 0.3)
+    a[4, 9] = np.nan
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+    outs = []
+    for on in (False, True):
+        with blas.tile_sparse_as(on):
+            outs.append(blas._product(_tile(), 10, 64, 64, NO_TRANS, NO_TRANS, a, b))
+    np.testing.assert_array_equal(outs[1], outs[0])
+    assert np.isnan(outs[1][4, :64]).all() and np.isfinite(np.delete(outs[1][:, :64], 4, axis=0)).all()
+
+
+def test_sparse_switch_is_a_one_line_cli_error_when_unknown(tmp_path):
+    env = dict(os.environ, CUBEDQN_TILE_SPARSE="yes")
+    r = subprocess.run([sys.executable, "-m", "cubedqn.cli", "scramble", "--puzzle", "cube2"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["cubedqn: error: CUBEDQN_TILE_SPARSE='yes' is not one of: 0, 1"]

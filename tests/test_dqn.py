@@ -1514,6 +1514,28 @@ def test_training_with_gemm_thread_switches_equals_one_thread_bitwise(mode, inpu
     same(tuned.learner.online.params, one.learner.online.params)
 
 
+@pytest.mark.parametrize("inputs", ["stickers", "pairs"])
+def test_training_with_the_tile_sparse_path_equals_the_dense_loops_bitwise(inputs):
+    """tile_sparse.py's path (ReLU outputs' zeros skipped in the products) on and off: the
+    same parameters, bit for bit, after a run of the issue's Double-DQN step and of the
+    cube2 presets' all-actions step (its children's forward through the target network)."""
+    from cubedqn import blas
+    from cubedqn.threads import limit_threads
+    if blas.SPARSE_STATUS:
+        pytest.skip(blas.SPARSE_STATUS)
+    base = dict(puzzle="cube2", hidden=(128, 128), n_envs=16, batch_size=64, learning_starts=64,
+                buffer_size=2000, steps=40, optimizer="adam", targets="double", input_encoding="stickers", seed=5)
+    if inputs == "pairs":
+        base.update(input_encoding="pairs", targets="all-actions", batch_size=128, learning_starts=128)
+    limit_threads(1)
+    runs = {}
+    for on in (False, True):
+        with blas.tile_sparse_as(on):
+            runs[on] = Trainer(Config(**base, threads=1)).run()
+    assert runs[True].learner.updates == runs[False].learner.updates == 40
+    np.testing.assert_array_equal(runs[True].learner.online.params, runs[False].learner.online.params)
+
+
 NO_LITERALS_RUN = """
 import importlib, pkgutil
 import cubedqn

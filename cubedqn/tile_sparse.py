@@ -1,0 +1,294 @@
+"""The tile GEMM's path for a left operand with many exact zeros (a ReLU layer's output),
+in LLVM IR (AVX-512).
+
+What this file is: `emit(mod)`, which adds to tile_gemm.py's module an internal function
+with TILE_BIAS's signature, C = A @ B + bias (then ReLU if relu) for row-major A and B as
+they are. TILE_BIAS calls it first where N is a multiple of PANEL (and the tile takes the
+product: K <= K_MAX, the library on one thread; with the GEMM team, on each of its column
+chunks). Such products are the forward layers after the first, whose input is the
+previous layer's ReLU output: about half zeros in a net at initialisation, two thirds in
+the 2x2x2 preset's after a minute of training. It returns 1, or 0 without touching C
+where A is too full for it to pay (FILL_MAX, below); the tile's dense loops then run.
+
+How: C's rows in pairs, listed in blocks of ROW_BLOCK rows and K_BLOCK values of k. For
+each pair and block of k, the k where either row's a[k] is nonzero are listed once
+(AVX-512 compress, 16 k at a time): k as an offset into B's panel, and both rows' values.
+Then for each PANEL columns of C, that block of B's panel (K_BLOCK x 64 floats, 32 KB:
+L1) is copied to the stack as the tile does, and each pair walks its list: per entry,
+one panel row of four vectors loaded, each row's value broadcast, eight FMAs into eight
+chains in registers. Cost: one FMA per listed k and row, about 1.1x a dense tile FMA, so
+it pays while the pairs' lists are under ~90% of K (FILL_MAX 0.85, from `python
+scripts/bench_tile_gemm.py --sparse`). A list per row instead (each row's own nonzeros,
+no shared panel loads) ran its FMAs at ~1.6x the tile's cost: a loaded panel row fed two
+FMAs, not eight, and Zen 4's loads, not its FMAs, set the pace; it was no faster at half
+zeros and slower where rows' zeros are alike, as a trained net's are (rows of a batch
+side by side: lists of 0.40 K at 0.33 nonzeros).
+
+Arithmetic: the dense tile's, bit for bit: each element of C is fma(a[k], b[k], acc)
+over k in order from +0 (through C between K blocks), then + bias, then the ReLU, with
+the k where both rows of the pair have a zero left out. Leaving an fma(0, b, acc) out
+changes nothing for a finite b unless acc is -0, which only an FMA whose exact result
+underflows past the smallest subnormal can make. (Where B holds an inf or a NaN, the
+dense product makes NaN of 0 * inf and this does not.)
+
+What it is not: a sparse-matrix format (A is dense and its zeros are found on each call:
+a count over A first, then the lists), or used for a transposed operand, the columns past
+N's last whole panel, or without AVX-512 (no compress instruction, and not measured).
+"""
+
+from __future__ import annotations
+
+import llvmlite.ir as ir
+
+from .native import counted_loop, declare, lane_mask, load_floats, transpose_rows, zero_or_loaded
+
+PANEL = 64          # columns of C a walk of the lists fills (four 16-float vectors a row)
+LANES = 16
+NV = PANEL // LANES   # vectors a row of the panel
+K_BLOCK = 128       # k values a list covers: B's panel, K_BLOCK x PANEL floats, is L1's 32 KB
+ROW_BLOCK = 64      # rows listed at a time: their pairs' lists, ROW_BLOCK / 2 x ROW_SLOTS x 12 bytes, on the stack
+ROW_SLOTS = K_BLOCK + LANES  # a pair's list room: a compress stores a whole vector past the list's end
+FILL_MAX = 0.85     # the longest the pairs' lists may be, as a fraction of K (see the docstring)
+NAME = "cubedqn_tile_sparse"
+
+
+def function_type():
+    """i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu, a_trans, b_trans): C = op(A) @ op(B)
+    (+ bias, then ReLU if relu, where bias is not null), row-major, op(X) = X^T where its flag
+    is nonzero; 1 when done, 0 (C untouched) where the lists would be too long."""
+    i64, fp = ir.IntType(64), ir.FloatType().as_pointer()
+    return ir.FunctionType(i64, [i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64, i64, i64])
+
+
+def emit(mod):
+    """The function NAME (internal, of function_type()) into mod; returns it."""
+    i1, i16, i32, i64, f32 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    vec, ivec, mvec = ir.VectorType(f32, LANES), ir.VectorType(i32, LANES), ir.VectorType(i1, LANES)
+    fma = declare(mod, f"llvm.fma.v{LANES}f32", ir.FunctionType(vec, [vec, vec, vec]))
+    compress_f = declare(mod, "llvm.x86.avx512.mask.compress.v16f32", ir.FunctionType(vec, [vec, vec, mvec]))
+    compress_i = declare(mod, "llvm.x86.avx512.mask.compress.v16i32", ir.FunctionType(ivec, [ivec, ivec, mvec]))
+    popcount = declare(mod, "llvm.ctpop.i16", ir.FunctionType(i16, [i16]))
+    fn = ir.Function(mod, function_type(), name=NAME)
+    fn.linkage = "internal"
+    M, N, K, A, lda, B, ldb, C, ldc, bias, relu, a_trans, b_trans = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    def c64(v):
+        return ir.Constant(i64, v)
+
+    def vptr(ptr, off, t=vec):
+        return b.bitcast(b.gep(ptr, [off]), t.as_pointer())
+
+    def loop(start, stop, step, name, carried=()):
+        return counted_loop(b, start, stop, step, name, carried)
+
+    def smin(x, y):
+        return b.select(b.icmp_signed("<", x, y), x, y)
+
+    def branches(cond, name, then, otherwise, carried_types=()):
+        """if cond: then() else: otherwise(), each returning values of carried_types; the
+        merged values (phis) after."""
+        t_bb, f_bb, done = (fn.append_basic_block(f"{name}.{x}") for x in ("then", "else", "done"))
+        b.cbranch(cond, t_bb, f_bb)
+        outs = []
+        for bb, emit_ in ((t_bb, then), (f_bb, otherwise)):
+            b.position_at_end(bb)
+            vals = emit_()
+            outs.append((vals, b.block))
+            b.branch(done)
+        b.position_at_end(done)
+        phis = []
+        for i, t in enumerate(carried_types):
+            ph = b.phi(t)
+            for vals, bb in outs:
+                ph.add_incoming(vals[i], bb)
+            phis.append(ph)
+        return phis
+
+    zero, izero = ir.Constant(vec, [0.0] * LANES), ir.Constant(ivec, [0] * LANES)
+    undef = ir.Constant(vec, ir.Undefined)
+    splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+    iota = ir.Constant(ivec, [j * PANEL for j in range(LANES)])
+    # the stack: B's panel, then each pair of rows' list (k offsets, the two rows' values) and length
+    panel = b.alloca(ir.ArrayType(f32, K_BLOCK * PANEL))
+    panel.align = 64
+    panel = b.bitcast(panel, f32.as_pointer())
+    offsets = b.bitcast(b.alloca(ir.ArrayType(i32, ROW_BLOCK // 2 * ROW_SLOTS)), i32.as_pointer())
+    values = [b.bitcast(b.alloca(ir.ArrayType(f32, ROW_BLOCK // 2 * ROW_SLOTS)), f32.as_pointer())
+              for _ in range(2)]
+    lengths = b.bitcast(b.alloca(ir.ArrayType(i64, ROW_BLOCK // 2)), i64.as_pointer())
+    a_t, b_t = b.icmp_signed("!=", a_trans, c64(0)), b.icmp_signed("!=", b_trans, c64(0))
+    has_bias = b.icmp_unsigned("!=", b.ptrtoint(bias, i64), c64(0))
+    relu_on = b.and_(has_bias, b.icmp_signed("!=", relu, c64(0)))
+
+    def nonzero(v):
+        return b.fcmp_unordered("!=", v, zero)  # a NaN counts: the dense product would carry it
+
+    def put(p, k, v0, v1, pos):
+        """Append to pair p's list, at its position pos, the k in [k, k + 16) where v0 or v1
+        (the pair's values of op(A) there) is nonzero; returns the position after."""
+        m = b.or_(nonzero(v0), nonzero(v1))
+        at = b.add(b.mul(p, c64(ROW_SLOTS)), pos)
+        for t, v in enumerate((v0, v1)):
+            b.store(b.call(compress_f, [v, zero, m]), vptr(values[t], at), align=4)
+        ks = b.add(iota, b.shuffle_vector(b.insert_element(ir.Constant(ivec, ir.Undefined),
+                                                            b.trunc(b.mul(k, c64(PANEL)), i32), ir.Constant(i32, 0)),
+                                           ir.Constant(ivec, ir.Undefined), splat))
+        b.store(b.call(compress_i, [ks, izero, m]), vptr(offsets, at, ivec), align=4)
+        return b.add(pos, b.zext(b.call(popcount, [b.bitcast(m, i16)]), i64))
+
+    def list_rows(i0, rb, k0, kn):
+        """Pair p's list (p < ceil(rb / 2)) of op(A)'s rows i0 + 2p, i0 + 2p + 1 (a row past rb
+        reads as zero) over k in [k0, k0 + kn); returns the sum of the lists' lengths.
+        A as is: each pair's two rows, 16 k at a time (the last vector masked)."""
+        pairs = b.sdiv(b.add(rb, c64(1)), c64(2))
+        p, (total,), close_p = loop(c64(0), pairs, 1, "list", [c64(0)])
+        second = b.icmp_signed("<", b.add(b.mul(p, c64(2)), c64(1)), rb)
+        r0 = b.add(i0, b.mul(p, c64(2)))
+        r1 = b.select(second, b.add(r0, c64(1)), r0)
+
+        def loads(k, mask):
+            v0 = load_floats(b, A, b.add(b.mul(r0, lda), b.add(k0, k)), LANES, mask)
+            v1 = load_floats(b, A, b.add(b.mul(r1, lda), b.add(k0, k)), LANES, mask)
+            return v0, b.select(second, v1, zero)
+
+        k, (pos,), close_k = loop(c64(0), kn, LANES, "list.k", [c64(0)])
+        pos = close_k([put(p, k, *loads(k, None), pos)])[0]
+        tail = b.srem(kn, c64(LANES))
+        k_last = b.sub(kn, tail)
+        (pos,) = branches(b.icmp_signed(">", tail, c64(0)), "list.tail",
+                          lambda: [put(p, k_last, *loads(k_last, lane_mask(b, LANES, tail)), pos)], lambda: [pos],
+                          [i64])
+        b.store(pos, b.gep(lengths, [p]))
+        return close_p([b.add(total, pos)])[0]
+
+    def list_columns(i0, rb, k0, kn):
+        """list_rows for A transposed: op(A)'s rows are A's columns. 16 of them at a time, 16
+        k at a time: a 16 x 16 block of A (its rows k, columns i) turned in registers, then
+        eight pairs' values at once."""
+        groups = b.sdiv(b.add(rb, c64(LANES - 1)), c64(LANES))
+        g, (total,), close_g = loop(c64(0), groups, 1, "listt", [c64(0)])
+        u0 = b.add(i0, b.mul(g, c64(LANES)))
+        cols = lane_mask(b, LANES, b.sub(b.add(i0, rb), u0))  # columns of A in this block
+
+        def step(k, pos, rows_left):
+            block = []
+            for r in range(LANES):
+                row = b.add(k0, b.add(k, c64(r)))
+                m = b.and_(cols, b.icmp_signed("<", ir.Constant(ir.VectorType(i64, LANES), [r] * LANES),
+                                               _splat64(rows_left)))
+                block.append(load_floats(b, A, b.add(b.mul(row, lda), u0), LANES, m))
+            turned = transpose_rows(b, block)  # turned[u]: column u0 + u of A, rows k .. k + 15
+            return [put(b.add(b.mul(g, c64(LANES // 2)), c64(q)), k, turned[2 * q], turned[2 * q + 1], pos[q])
+                    for q in range(LANES // 2)]
+
+        def _splat64(x):
+            t = ir.VectorType(i64, LANES)
+            v = b.insert_element(ir.Constant(t, ir.Undefined), x, ir.Constant(i32, 0))
+            return b.shuffle_vector(v, ir.Constant(t, ir.Undefined), splat)
+
+        k, pos, close_k = loop(c64(0), kn, LANES, "listt.k", [c64(0)] * (LANES // 2))
+        pos = close_k(step(k, pos, c64(LANES)))
+        tail = b.srem(kn, c64(LANES))
+        k_last = b.sub(kn, tail)
+        pos = branches(b.icmp_signed(">", tail, c64(0)), "listt.tail", lambda: step(k_last, pos, tail),
+                       lambda: list(pos), [i64] * (LANES // 2))
+        for q in range(LANES // 2):
+            b.store(pos[q], b.gep(lengths, [b.add(b.mul(g, c64(LANES // 2)), c64(q))]))
+            total = b.add(total, pos[q])
+        return close_g([total])[0]
+
+    def copy_panel(j0, k0, kn):
+        """op(B)[k0:k0+kn, j0:j0+PANEL] -> the panel (kn rows of PANEL floats)."""
+        def as_is():
+            k, _, close_k = loop(c64(0), kn, 1, "copy")
+            for v in range(NV):
+                row = b.load(vptr(B, b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(v * LANES)))), align=4)
+                b.store(row, vptr(panel, b.add(b.mul(k, c64(PANEL)), c64(v * LANES))), align=64)
+            close_k()
+            return []
+
+        def transposed():  # B is (N x K): 16 x 16 blocks turned in registers, the last kn mod 16 rows one by one
+            kc, _, close_kc = loop(c64(0), kn, LANES, "copyt")
+            for g in range(NV):
+                rows = [b.load(vptr(B, b.add(b.mul(b.add(j0, c64(g * LANES + r)), ldb), b.add(k0, kc))), align=4)
+                        for r in range(LANES)]
+                for c_, row in enumerate(transpose_rows(b, rows)):
+                    b.store(row, vptr(panel, b.add(b.mul(b.add(kc, c64(c_)), c64(PANEL)), c64(g * LANES))), align=64)
+            close_kc()
+            k, _, close_k = loop(b.sub(kn, b.srem(kn, c64(LANES))), kn, 1, "copyt.rest")
+            for jj in range(PANEL):
+                x = b.load(b.gep(B, [b.add(b.mul(b.add(j0, c64(jj)), ldb), b.add(k0, k))]))
+                b.store(x, b.gep(panel, [b.add(b.mul(k, c64(PANEL)), c64(jj))]))
+            close_k()
+            return []
+
+        branches(b_t, "copy", transposed, as_is)
+
+    n_kb = b.sdiv(b.add(K, c64(K_BLOCK - 1)), c64(K_BLOCK))
+    i0, _, close_i0 = loop(c64(0), b.add(M, c64(ROW_BLOCK - 1)), ROW_BLOCK, "rows")
+    rb = smin(b.sub(M, i0), c64(ROW_BLOCK))
+    pairs = b.sdiv(b.add(rb, c64(1)), c64(2))
+    kb, _, close_kb = loop(c64(0), n_kb, 1, "kb")
+    k0 = b.mul(kb, c64(K_BLOCK))
+    kn = smin(b.sub(K, k0), c64(K_BLOCK))
+    first, last = b.icmp_signed("==", kb, c64(0)), b.icmp_signed("==", kb, b.sub(n_kb, c64(1)))
+
+    (listed,) = branches(a_t, "lists", lambda: [list_columns(i0, rb, k0, kn)], lambda: [list_rows(i0, rb, k0, kn)],
+                         [i64])
+    # the first block of rows and of k decides, before C is touched: lists past FILL_MAX of
+    # k leave the product to the dense tile
+    too_long = b.icmp_signed(">", listed, b.fptosi(b.fmul(b.sitofp(b.mul(pairs, kn), ir.DoubleType()),
+                                                          ir.Constant(ir.DoubleType(), FILL_MAX)), i64))
+    give_up, go_on = fn.append_basic_block("dense"), fn.append_basic_block("sparse")
+    b.cbranch(b.and_(b.icmp_signed("==", i0, c64(0)), b.and_(first, too_long)), give_up, go_on)
+    b.position_at_end(give_up)
+    b.ret(c64(0))
+    b.position_at_end(go_on)
+
+    # --- for each panel of op(B): copy it, then each pair of rows walks its list
+    j0, _, close_j = loop(c64(0), N, PANEL, "cols")
+    copy_panel(j0, k0, kn)
+    bias_at = b.select(has_bias, bias, panel)  # without a bias, loads that go unused
+    bias_v = [b.load(vptr(bias_at, b.add(j0, c64(v * LANES))), align=4) for v in range(NV)]
+    p, _, close_p = loop(c64(0), pairs, 1, "pair")
+    at = b.mul(p, c64(ROW_SLOTS))
+    second = b.icmp_signed("<", b.add(b.mul(p, c64(2)), c64(1)), rb)
+    rows = [b.add(i0, b.mul(p, c64(2))), b.add(i0, b.add(b.mul(p, c64(2)), c64(1)))]
+
+    def load_c():
+        out = []
+        for t in range(2):
+            row = b.select(second, rows[t], rows[0])  # a missing second row reads the first's
+            out += [b.load(vptr(C, b.add(b.add(b.mul(row, ldc), j0), c64(v * LANES))), align=4) for v in range(NV)]
+        return out
+
+    init = zero_or_loaded(b, first, load_c, zero, "acc")
+    e, accs, close_e = loop(c64(0), b.load(b.gep(lengths, [p])), 1, "walk", init)
+    off = b.sext(b.load(b.gep(offsets, [b.add(at, e)])), i64)
+    panel_row = [b.load(vptr(panel, b.add(off, c64(v * LANES))), align=64) for v in range(NV)]
+    new = []
+    for t in range(2):
+        a = b.load(b.gep(values[t], [b.add(at, e)]))
+        av = b.shuffle_vector(b.insert_element(undef, a, ir.Constant(i32, 0)), undef, splat)
+        new += [b.call(fma, [av, panel_row[v], accs[t * NV + v]]) for v in range(NV)]
+    sums = close_e(new)
+    add_bias, clip = b.and_(last, has_bias), b.and_(last, relu_on)
+    for t in range(2):
+        def store(t=t):
+            for v in range(NV):
+                out = sums[t * NV + v]
+                out = b.select(add_bias, b.fadd(out, bias_v[v]), out)  # as nn.dense_forward: v = sum + b; v if v > 0 else 0
+                out = b.select(clip, b.select(b.fcmp_ordered(">", out, zero), out, zero), out)
+                b.store(out, vptr(C, b.add(b.add(b.mul(rows[t], ldc), j0), c64(v * LANES))), align=4)
+        if t == 0:
+            store()
+        else:
+            with b.if_then(second):
+                store()
+    close_p()
+    close_j()
+    close_kb()
+    close_i0()
+    b.ret(c64(1))
+    return fn
