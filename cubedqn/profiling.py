@@ -243,6 +243,56 @@ def gemm_layers_rate(trainer, parts, children_per_step=None) -> dict:
             "gemm_layers_gflops": flops / (f_ms + b_ms) / 1e6}
 
 
+def listed_fraction(op_a) -> float:
+    """tile_sparse.py's lists for C = op(A) @ B: the k where either row of a pair of op(A)'s
+    rows (0 and 1, 2 and 3, ...; an odd last row alone) is nonzero, as a fraction of K, i.e.
+    of the dense loops' multiply-adds."""
+    nz = np.asarray(op_a) != 0
+    if nz.shape[0] % 2:
+        nz = np.vstack([nz, np.zeros((1, nz.shape[1]), bool)])
+    return float((nz[0::2] | nz[1::2]).mean()) if nz.size else 1.0
+
+
+def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
+    """(FLOPs the GEMM layers' products did, their dense FLOPs) in the learner's last
+    training step, from its workspaces' activations and deltas (float32 CPU learners):
+    where tile_sparse.py's path takes a product (the tile takes it, its columns are whole
+    panels, the lists are within FILL_MAX) its multiply-adds are the lists', else all of
+    them. Rows: the forward passes' (forward_rows); the backward's are the batch's. The Q
+    head's backward from the taken actions alone (no GEMM) counts as the layout counts it."""
+    from . import tile_gemm, tile_sparse
+    layout, ws, wt = learner.layout, learner.ws, learner.ws_t
+    w, L, b = layout.widths, layout.n_layers, learner.micro  # the last micro-batch's rows (grad_accum)
+    scale = learner.batch_size / learner.micro  # what the step's micro-batches did, as the flops count it
+    on = blas.tile_sparse_on()
+
+    def product(op_a, n, trans_a=False, trans_b=False):
+        m, k = op_a.shape
+        dense = 2.0 * m * n * k
+        if not on or n % tile_sparse.PANEL or not tile_gemm.takes(m, n, k, trans_a, trans_b, bias=not (trans_a or
+                                                                                                      trans_b)):
+            return dense, dense
+        f = listed_fraction(op_a)
+        return (dense * f if f <= tile_sparse.FILL_MAX else dense), dense
+
+    done = dense = 0.0
+    parts = []
+    for l in range(1, L):
+        parts.append(product(ws.acts[l - 1][:int(rows_online / scale)], w[l + 1]))
+        parts.append(product(wt.acts[l - 1][:int(min(rows_target / scale, wt.rows))], w[l + 1]))
+    for l in range(1, L):
+        if l == L - 1 and len(learner.head_taken) > 0:
+            head = 4.0 * b * w[L - 1]  # flops_gemm_backward(head=False)'s share of the head
+            parts.append((head, head))
+            continue
+        parts.append(product(ws.acts[l - 1][:b].T, w[l + 1], trans_a=True))
+        parts.append(product(ws.deltas[l][:b], w[l], trans_b=True))
+    for d, n in parts:
+        done += d * scale
+        dense += n * scale
+    return done, dense
+
+
 def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
     """Time `steps` gradient steps after `warmup` of them (see the module's docstring).
     Acting scores only the env states that act greedily (Trainer.choose_actions), so the act
@@ -316,6 +366,10 @@ def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
     gemm_s = (phases["forward"] + phases["backward"]) / 1e3
     parts = {ph: {k: v / n * 1e3 for k, v in d.items()} for ph, d in trainer.timer.parts.items()}
     layers = gemm_layers_rate(trainer, parts, children)
+    if layers and device == "cpu" and cfg.precision == "float32" and cfg.matmul_precision == "float32":
+        # the multiply-adds the last step's GEMM layers did (tile_sparse.py skips ReLU zeros)
+        done, dense = gemm_flops_done(learner, *forward_rows(trainer, children))
+        layers["gemm_layers_done_fraction"] = done / dense if dense else None
     lookups = learner.cache_lookups - lk0
     hit_rate = (learner.cache_hits - hit0) / lookups if lookups else None
     child_hit_rate = (cc.hits - cc0[1]) / (cc.lookups - cc0[0]) if cc is not None and cc.lookups > cc0[0] else None
@@ -414,6 +468,11 @@ def format_report(r: dict) -> str:
         lines.append(f"GEMM layers alone: {r['gemm_layers_gflops']:.1f} GFLOP/s "
                      f"({100 * r['gemm_layers_gflops'] / r['peak_gflops']:.0f}% of peak{ceiling}{at_kept}) in "
                      f"{r['gemm_layers_ms']:.4f} ms/step")
+        done = r.get("gemm_layers_done_fraction")
+        if done is not None and done < 1:
+            lines.append(f"  rates of the dense products' FLOPs: the tile's sparse path (tile_sparse.py) left out the "
+                         f"zero terms of their ReLU inputs and did {100 * done:.0f}% of the multiply-adds (the last "
+                         f"step's), {done * r['gemm_layers_gflops']:.1f} GFLOP/s of them")
         if r.get("matmul_precision") == "float32" and r.get("bf16_available"):
             lines.append("  this CPU has AVX512_BF16: --matmul-precision bfloat16 runs these GEMMs on bf16-rounded "
                          "operands with float32 sums, up to twice as fast (README, Design notes)")

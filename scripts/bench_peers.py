@@ -22,7 +22,10 @@ median over the ratio), as the rate the GEMMs would need to fit in it with the r
 cubedqn's step (encode, first layer, loss, optimizer, Python) as it is now, and with the
 rest at zero; a rate above the ceiling is out of reach. The rest: the step timed once more
 with its own PhaseTimer, minus its GEMM layers (the timer adds a few us). The host's speed changes within a run:
-the medians, the peak and the timed step are different moments, all printed.
+the medians, the peak and the timed step are different moments, all printed. Where the
+tile's sparse path (cubedqn/tile_sparse.py) runs, the GEMMs leave out the zero terms of
+their ReLU inputs: the bound is then on the multiply-adds they did in the step
+(profiling.gemm_flops_done, from the step's own activations), not the dense count.
 
 With --bf16, also cubedqn with matmul_precision bfloat16 and the peers' bf16 mixed
 precision (rows "cubedqn bf16", "pytorch bf16", "jax bf16"), and a line of its ratios.
@@ -498,6 +501,13 @@ def main():
         rest = timed - gemm_step
         print(f"cubedqn's step timed again by its own PhaseTimer: {timed:.3f} ms/step, of it the GEMM layers "
               f"{gemm_step:.3f} ms ({g_flops / gemm_step / 1e6:.1f} GFLOP/s) and the rest {rest:.3f} ms")
+        from cubedqn.profiling import gemm_flops_done
+        done, dense = gemm_flops_done(lr, 2 * bsz, bsz)
+        if done < dense:  # the bound is on what the GEMMs did
+            g_flops *= done / dense
+            print(f"the tile's sparse path (cubedqn/tile_sparse.py) left out the zero terms of the GEMMs' ReLU inputs: "
+                  f"they did {done / dense:.0%} of the dense multiply-adds in the step, {g_flops / 1e6:.1f} MFLOP, "
+                  f"{g_flops / ceiling / 1e6:.3f} ms at the FMA ceiling; the rates below are of those")
         if min(gemm_step, med["cubedqn"] * 1e3) < g_flops / ceiling / 1e6:
             print(f"(no bound this time: cubedqn's step or its GEMM layers ran faster than the {ceiling:.1f} GFLOP/s "
                   f"FMA ceiling allows, so the host was slower whenever the ceiling was read)")

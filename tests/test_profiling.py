@@ -22,3 +22,35 @@ def test_fma_loop_runs_every_round_on_every_chain(dtype, rtol):
 
 def test_fma_ceiling_is_a_rate():
     assert 0 < fma_ceiling_gflops(reps=1, seconds=0.002) < 1e5
+
+
+def test_listed_fraction_counts_a_pairs_union_of_nonzeros():
+    from cubedqn.profiling import listed_fraction
+    a = np.array([[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 3]], np.float32)  # pairs (0, 1) and (2, -)
+    assert listed_fraction(a) == 3 / 8
+    assert listed_fraction(np.zeros((4, 6), np.float32)) == 0.0
+    assert listed_fraction(np.ones((5, 6), np.float32)) == 1.0
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_gemm_flops_done_counts_the_step_the_layout_counts(on):
+    """Its dense count is the layout's count of a Double-DQN step's GEMM layers (the head's
+    backward from the taken actions); with tile_sparse.py's path off the products did all
+    of it, with it on (where there is one) less: the activations have zeros."""
+    from cubedqn import blas
+    from cubedqn.config import Config
+    from cubedqn.dqn import Trainer
+    from cubedqn.profiling import gemm_flops_done
+    from cubedqn.threads import limit_threads
+    limit_threads(1)
+    tr = Trainer(Config(puzzle="cube2", hidden=(128, 128), n_envs=16, batch_size=64, learning_starts=64,
+                        buffer_size=500, steps=5, targets="double", input_encoding="stickers", seed=2))
+    with blas.tile_sparse_as(on):
+        tr.run()
+        done, dense = gemm_flops_done(tr.learner, 128, 64)
+    lay = tr.layout
+    assert dense == lay.flops_gemm_forward(192) + lay.flops_gemm_backward(64, head=False)
+    if on and blas.SPARSE_STATUS is None:
+        assert 0.3 * dense < done < dense
+    else:
+        assert done == dense
