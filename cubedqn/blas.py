@@ -583,28 +583,39 @@ _SPARSE_ENV = os.environ.get("CUBEDQN_TILE_SPARSE", "1").strip()
 SPARSE_PROBLEM = None if _SPARSE_ENV in ("0", "1") else \
     f"CUBEDQN_TILE_SPARSE={os.environ['CUBEDQN_TILE_SPARSE']!r} is not one of: 0, 1"
 _SPARSE_SETTER, SPARSE_STATUS = _bind_sparse()
-_sparse_on = _SPARSE_SETTER is not None and _SPARSE_ENV != "0"
+# asked for (set_tile_sparse, CUBEDQN_TILE_SPARSE), and in effect: off while the GEMM team
+# splits products (set_team), whose column chunks would each list all of A's rows again:
+# the step's 128 x 256 x 256 forward at half zeros ran 86 us on two threads with the path,
+# 76 without (runs/perf45/team_sparse.py); one thread with it 123, and the thread tuner
+# picks between one thread and two
+_sparse = {"wanted": _SPARSE_ENV != "0", "on": _SPARSE_SETTER is not None and _SPARSE_ENV != "0"}
+
+
+def _apply_sparse(workers):
+    on = _SPARSE_SETTER is not None and _sparse["wanted"] and workers == 0
+    if _SPARSE_SETTER is not None and on != _sparse["on"]:
+        _SPARSE_SETTER(1 if on else 0)
+    _sparse["on"] = on
 
 
 def set_tile_sparse(on: bool) -> bool:
-    """Turn tile_sparse.py's path (products whose left operand is mostly zeros, on the
-    tile) on or off for every kernel in this process; the same bits either way. Returns
-    whether it is on now (never where SPARSE_STATUS says why not)."""
-    global _sparse_on
-    if _SPARSE_SETTER is not None:
-        _SPARSE_SETTER(1 if on else 0)
-        _sparse_on = bool(on)
-    return _sparse_on
+    """Ask for tile_sparse.py's path (products whose left operand is mostly zeros, on the
+    tile) or not, for every kernel in this process; the same bits either way. It runs
+    while the GEMM team has no workers. Returns whether it is on now (never where
+    SPARSE_STATUS says why not)."""
+    _sparse["wanted"] = bool(on)
+    _apply_sparse(team_workers())
+    return _sparse["on"]
 
 
 def tile_sparse_on() -> bool:
-    return _sparse_on
+    return _sparse["on"]
 
 
 @contextmanager
 def tile_sparse_as(on: bool):
-    """set_tile_sparse(on) for the block, the switch as before restored after."""
-    before = _sparse_on
+    """set_tile_sparse(on) for the block, what was asked for before restored after."""
+    before = _sparse["wanted"]
     set_tile_sparse(on)
     try:
         yield
@@ -719,7 +730,9 @@ def set_team(workers: int) -> int:
             for slot in sorted(_RANGE_WANTED):
                 if not _RANGE_FNS[slot]:
                     _RANGE_FNS[slot] = _RANGE_BUILDERS[slot]()
-        return int(setter(max(0, int(workers))))
+        used = int(setter(max(0, int(workers))))
+        _apply_sparse(used)
+        return used
 
 
 def team_workers() -> int:

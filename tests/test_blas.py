@@ -432,3 +432,26 @@ def test_sparse_switch_is_a_one_line_cli_error_when_unknown(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["cubedqn: error: CUBEDQN_TILE_SPARSE='yes' is not one of: 0, 1"]
+
+
+@needs_sparse
+def test_sparse_path_is_off_while_the_team_splits_products():
+    """Its column chunks would each list all of A's rows again: with team workers the
+    switch is off, back on (as asked) when they are gone; asked off, it stays off."""
+    from cubedqn.threads import limit_threads
+    if blas.team_problem():
+        pytest.skip(blas.team_problem())
+    try:
+        limit_threads(2)
+        assert blas.team_workers() == 1 and not blas.tile_sparse_on()
+        blas.set_team(0)
+        assert blas.tile_sparse_on()
+        with blas.tile_sparse_as(False):
+            assert not blas.tile_sparse_on()
+            blas.set_team(1)
+            blas.set_team(0)
+            assert not blas.tile_sparse_on()
+        assert blas.tile_sparse_on()
+    finally:
+        limit_threads(1)
+    assert blas.tile_sparse_on()
