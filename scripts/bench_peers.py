@@ -110,6 +110,19 @@ def cubedqn_step(layout, puzzle, batch, sparse=True, fused=None, matmul_precisio
                  fused=fused)
     lr.online.params[:] = start_params(layout)
     lr.target.params[:] = lr.online.params
+
+    def reset():
+        """Back to the start (parameters, target, optimizer state): bench() calls it before
+        each repetition, untimed. The step's time follows its activations' zeros (the tile's
+        sparse path), and hundreds of steps on one fixed batch kill ReLUs that training on
+        fresh batches would not: without it the cube3 Adam step did 41% of the dense
+        multiply-adds by the end (runs/perf45/report2), against 71% with momentum."""
+        lr.online.params[:] = start_params(layout)
+        lr.target.params[:] = lr.online.params
+        lr.opt.m[:] = 0
+        lr.opt.v[:] = 0
+        lr.opt.t = 0
+
     if matmul_precision == "float32":
         step = lambda: lr.train_step(batch)  # noqa: E731
     else:  # the switch around each step (two native calls, ~1 us): the other rows run float32
@@ -120,6 +133,7 @@ def cubedqn_step(layout, puzzle, batch, sparse=True, fused=None, matmul_precisio
                 lr.train_step(batch)
     step.learner = lr
     step.params = lambda: lr.online.params.copy()
+    step.reset = reset
     return step
 
 
@@ -407,6 +421,8 @@ def bench(impls, reps, inner):
             f()
     for _ in range(reps):
         for name, f in impls.items():
+            if hasattr(f, "reset"):  # cubedqn's: from the start parameters each repetition (cubedqn_step)
+                f.reset()
             t = time.perf_counter()
             for _ in range(inner):
                 f()
