@@ -583,28 +583,30 @@ _SPARSE_ENV = os.environ.get("CUBEDQN_TILE_SPARSE", "1").strip()
 SPARSE_PROBLEM = None if _SPARSE_ENV in ("0", "1") else \
     f"CUBEDQN_TILE_SPARSE={os.environ['CUBEDQN_TILE_SPARSE']!r} is not one of: 0, 1"
 _SPARSE_SETTER, SPARSE_STATUS = _bind_sparse()
-# asked for (set_tile_sparse, CUBEDQN_TILE_SPARSE), and in effect: off while the GEMM team
-# splits products (set_team), whose column chunks would each list all of A's rows again:
-# the step's 128 x 256 x 256 forward at half zeros ran 86 us on two threads with the path,
-# 76 without (runs/perf45/team_sparse.py); one thread with it 123, and the thread tuner
-# picks between one thread and two
+# asked for (set_tile_sparse, CUBEDQN_TILE_SPARSE) and in effect; while it is on, the GEMM
+# team splits the products it could take by rows (team.SET_ROWS), not columns, whose
+# chunks would each list all of A's rows again: the step's 128 x 256 x 256 forward at half
+# zeros ran 86 us on two threads in column chunks against 76 for the dense loops
+# (runs/perf45/team_sparse.py)
 _sparse = {"wanted": _SPARSE_ENV != "0", "on": _SPARSE_SETTER is not None and _SPARSE_ENV != "0"}
 
 
-def _apply_sparse(workers):
-    on = _SPARSE_SETTER is not None and _sparse["wanted"] and workers == 0
-    if _SPARSE_SETTER is not None and on != _sparse["on"]:
+def _apply_sparse():
+    on = _SPARSE_SETTER is not None and _sparse["wanted"]
+    if _SPARSE_SETTER is not None:
         _SPARSE_SETTER(1 if on else 0)
+    if _TEAM_ENGINE is not None:
+        ctypes.CFUNCTYPE(None, ctypes.c_int32)(_TEAM_ENGINE.get_function_address(team.SET_ROWS))(1 if on else 0)
     _sparse["on"] = on
 
 
 def set_tile_sparse(on: bool) -> bool:
     """Ask for tile_sparse.py's path (products whose left operand is mostly zeros, on the
-    tile) or not, for every kernel in this process; the same bits either way. It runs
-    while the GEMM team has no workers. Returns whether it is on now (never where
-    SPARSE_STATUS says why not)."""
+    tile, split by rows over the GEMM team) or not, for every kernel in this process; the
+    same bits either way. Returns whether it is on now (never where SPARSE_STATUS says
+    why not)."""
     _sparse["wanted"] = bool(on)
-    _apply_sparse(team_workers())
+    _apply_sparse()
     return _sparse["on"]
 
 
@@ -668,6 +670,7 @@ _TEAM_ENV = os.environ.get("CUBEDQN_TEAM", "1").strip()
 TEAM_PROBLEM = None if _TEAM_ENV in ("0", "1") else f"CUBEDQN_TEAM={os.environ['CUBEDQN_TEAM']!r} is not one of: 0, 1"
 TEAM_WANTED = _TEAM_ENV != "0"
 _TEAM_ENGINE, TEAM_STATUS = _bind_team()
+_apply_sparse()  # the team's row split follows the sparse path's switch
 RANGE_ADDRESS = _bind_range()
 _TEAM_LOCK = threading.Lock()
 _team_checked = None  # None: not yet; then whether the split products came out right
@@ -675,29 +678,43 @@ _team_checked = None  # None: not yet; then whether the split products came out 
 
 def _check_team() -> bool:
     """With the workers on: do products the team splits (column chunks, the last one wider,
-    B as is and transposed, A transposed, two K blocks where the tile takes K past 256) give
-    the inner function's bits, and the bias version its bits and its answer?"""
+    B as is and transposed, A transposed, two K blocks where the tile takes K past 256; row
+    chunks, the last one longer, as while tile_sparse.py's path is on) give the inner
+    function's bits, and the bias version its bits and its answer?"""
     split = _CTYPES_SIG(_TEAM_ENGINE.get_function_address(team.TEAM_SGEMM))
     inner = _CTYPES_SIG(llb.address_of_symbol(team.INNER_SGEMM))
+    set_rows = ctypes.CFUNCTYPE(None, ctypes.c_int32)(_TEAM_ENGINE.get_function_address(team.SET_ROWS))
     rng = np.random.default_rng(4)
     deep = DEEP_K if TILE else 300  # products the inner computes (not the library behind the tile)
-    for ta, tb, m, n, k in ((NO_TRANS, NO_TRANS, 17, 100, deep), (NO_TRANS, TRANS, 9, 260, 64),
-                            (TRANS, NO_TRANS, 40, 129, 64), (NO_TRANS, NO_TRANS, 64, 256, 256)):
-        a, b, _, _ = _check_operands(rng, m, n, k, ta, tb)
-        if not np.array_equal(_product(split, m, n, k, ta, tb, a, b), _product(inner, m, n, k, ta, tb, a, b),
-                              equal_nan=True):
-            return False
     split_bias = _BIAS_CTYPES(_TEAM_ENGINE.get_function_address(team.TEAM_BIAS))
     inner_bias = _BIAS_CTYPES(llb.address_of_symbol(team.INNER_BIAS))
-    m, n, k = 33, 200, deep
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    outs = []
-    for fn in (split_bias, inner_bias):
-        buf = np.full((m, n), np.nan, np.float32)
-        outs.append((fn(m, n, k, a.ctypes.data, k, b.ctypes.data, n, buf.ctypes.data, n, bias.ctypes.data, 1), buf))
-    return outs[0][0] == outs[1][0] and np.array_equal(outs[0][1], outs[1][1], equal_nan=True)
+    try:
+        for by_rows in (0, 1):
+            set_rows(by_rows)
+            for ta, tb, m, n, k in ((NO_TRANS, NO_TRANS, 17, 100, deep), (NO_TRANS, TRANS, 9, 260, 64),
+                                    (TRANS, NO_TRANS, 40, 129, 64), (NO_TRANS, NO_TRANS, 64, 256, 256),
+                                    (NO_TRANS, NO_TRANS, 70, 128, 100), (TRANS, NO_TRANS, 99, 64, 64),
+                                    (NO_TRANS, TRANS, 50, 192, 80)):
+                a, b, _, _ = _check_operands(rng, m, n, k, ta, tb)
+                a[rng.random(a.shape) < 0.5] = 0  # as a ReLU's output (tile_sparse.py's path, where it is on)
+                if not np.array_equal(_product(split, m, n, k, ta, tb, a, b), _product(inner, m, n, k, ta, tb, a, b),
+                                      equal_nan=True):
+                    return False
+            for m, n, k in ((33, 200, deep), (45, 192, deep)):  # columns either way; rows where set
+                a = rng.standard_normal((m, k)).astype(np.float32)
+                a[rng.random(a.shape) < 0.5] = 0
+                b = rng.standard_normal((k, n)).astype(np.float32)
+                bias = rng.standard_normal(n).astype(np.float32)
+                outs = []
+                for fn in (split_bias, inner_bias):
+                    buf = np.full((m, n), np.nan, np.float32)
+                    outs.append((fn(m, n, k, a.ctypes.data, k, b.ctypes.data, n, buf.ctypes.data, n,
+                                    bias.ctypes.data, 1), buf))
+                if outs[0][0] != outs[1][0] or not np.array_equal(outs[0][1], outs[1][1], equal_nan=True):
+                    return False
+    finally:
+        set_rows(1 if _sparse["on"] else 0)
+    return True
 
 
 def team_problem():
@@ -730,9 +747,7 @@ def set_team(workers: int) -> int:
             for slot in sorted(_RANGE_WANTED):
                 if not _RANGE_FNS[slot]:
                     _RANGE_FNS[slot] = _RANGE_BUILDERS[slot]()
-        used = int(setter(max(0, int(workers))))
-        _apply_sparse(used)
-        return used
+        return int(setter(max(0, int(workers))))
 
 
 def team_workers() -> int:

@@ -72,8 +72,14 @@ TEAM_STATS = "cubedqn_team_stats"  # void (i64 out[3]): products split, chunks w
 # parent's workers are not there, and the mutex may have been held by one of them; forget
 # them and start afresh (the next SET_TEAM starts the child's own)
 TEAM_FORKED = "cubedqn_team_forked"
+# void (i32): 1 splits the GEMM jobs whose N is whole ROW_PANELs by rows instead (blas.py
+# sets it while tile_sparse.py's path is on: its lists are of A's rows, which column chunks
+# would each make again), 0 (the start) by columns
+SET_ROWS = "cubedqn_team_set_rows"
 MAX_WORKERS = 15
 CHUNK_MIN = 32            # the tile's panel: chunks are whole panels
+ROW_PANEL = 64            # tile_sparse.py's panel: products split by rows have whole ones
+ROW_MIN = 16              # rows of a row chunk (whole multiples of it; the last takes the rest)
 SPLIT_MACS = 1 << 17      # ~1.2 us on one Zen 4 core; smaller products are not worth a hand-off
 RANGE_MIN = 1 << 15       # TEAM_RANGE splits ranges this long or longer (a momentum update of
                           # that many floats: ~5 us on one Zen 4 core)
@@ -84,7 +90,8 @@ IDLE_US = 50
 ROW_MAJOR, NO_TRANS = 101, 111
 KIND_PLAIN, KIND_BIAS, KIND_RANGE = 0, 1, 2  # the job's kind: TEAM_SGEMM, TEAM_BIAS, TEAM_RANGE
 # the job: fields of the product being split, stored before the job word is published
-JOB_FIELDS = ("kind", "ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "bias", "relu", "width")
+JOB_FIELDS = ("kind", "ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "bias", "relu", "width",
+              "rows")
 
 
 def module_ir() -> str:
@@ -113,6 +120,7 @@ def module_ir() -> str:
     done = global_("team_done", i64, c64(0))          # chunks workers finished, this job
     refused = global_("team_refused", i64, c64(0))    # an inner bias call returned 0, this job
     split_count = global_("team_split", i64, c64(0))  # products split (statistics)
+    by_rows = global_("team_rows", i32, c32(0))       # SET_ROWS's switch
     taken = global_("team_taken", i64, c64(0))        # chunks workers took (statistics)
     job_t = ir.ArrayType(i64, len(JOB_FIELDS))
     job = global_("team_job", job_t, ir.Constant(job_t, [0] * len(JOB_FIELDS)))
@@ -151,20 +159,26 @@ def module_ir() -> str:
     def load_field(b, name):
         return b.load_atomic(field(b, name), "monotonic", 8)
 
-    # --- one chunk: columns [i * width, ...) of the published job; returns the inner result
+    # --- one chunk: columns [i * width, ...) of the published job (rows, where its `rows`
+    # field is set); returns the inner result
     run = ir.Function(mod, ir.FunctionType(i64, [i64]), name="team_run_chunk")
     run.linkage = "internal"
     b = ir.IRBuilder(run.append_basic_block("entry"))
     (i,) = run.args
     f = {name: load_field(b, name) for name in JOB_FIELDS}
     chunks = b.and_(b.lshr(b.load_atomic(state, "monotonic", 8), c64(32)), c64(0xFFFF))
+    rows = b.icmp_signed("!=", f["rows"], c64(0))
     j0 = b.mul(i, f["width"])
     last = b.icmp_signed("==", i, b.sub(chunks, c64(1)))
-    width = b.select(last, b.sub(f["n"], j0), f["width"])
+    width = b.select(last, b.sub(b.select(rows, f["m"], f["n"]), j0), f["width"])
     tb_as_is = b.icmp_signed("==", b.trunc(f["tb"], i32), c32(NO_TRANS))
-    a_ptr = b.inttoptr(f["a"], fp)
-    b_ptr = b.gep(b.inttoptr(f["b"], fp), [b.select(tb_as_is, j0, b.mul(j0, f["ldb"]))])
-    c_ptr = b.gep(b.inttoptr(f["c"], fp), [j0])
+    ta_as_is = b.icmp_signed("==", b.trunc(f["ta"], i32), c32(NO_TRANS))
+    # by rows: op(A)'s rows j0.. (A's rows, or its columns where transposed) and C's; B whole
+    a_ptr = b.gep(b.inttoptr(f["a"], fp), [b.select(rows, b.select(ta_as_is, b.mul(j0, f["lda"]), j0), c64(0))])
+    b_ptr = b.gep(b.inttoptr(f["b"], fp), [b.select(rows, c64(0), b.select(tb_as_is, j0, b.mul(j0, f["ldb"])))])
+    c_ptr = b.gep(b.inttoptr(f["c"], fp), [b.select(rows, b.mul(j0, f["ldc"]), j0)])
+    m_chunk, n_chunk = b.select(rows, width, f["m"]), b.select(rows, f["n"], width)
+    bias_at = b.select(rows, c64(0), j0)
     plain_bb, bias_bb, range_bb = (run.append_basic_block(x) for x in ("plain", "bias", "range"))
     switch = b.switch(f["kind"], bias_bb)
     switch.add_case(c64(KIND_PLAIN), plain_bb)
@@ -173,12 +187,12 @@ def module_ir() -> str:
     b.call(b.inttoptr(f["a"], range_fn_t.as_pointer()), [b.inttoptr(f["b"], i8p), j0, b.add(j0, width)])
     b.ret(c64(1))
     b.position_at_end(plain_bb)
-    b.call(inner, [c32(ROW_MAJOR), b.trunc(f["ta"], i32), b.trunc(f["tb"], i32), f["m"], width, f["k"],
+    b.call(inner, [c32(ROW_MAJOR), b.trunc(f["ta"], i32), b.trunc(f["tb"], i32), m_chunk, n_chunk, f["k"],
                    ir.Constant(f32, 1.0), a_ptr, f["lda"], b_ptr, f["ldb"], ir.Constant(f32, 0.0), c_ptr, f["ldc"]])
     b.ret(c64(1))
     b.position_at_end(bias_bb)
-    bias_ptr = b.gep(b.inttoptr(f["bias"], fp), [j0])
-    b.ret(b.call(inner_bias, [f["m"], width, f["k"], a_ptr, f["lda"], b_ptr, f["ldb"], c_ptr, f["ldc"], bias_ptr,
+    bias_ptr = b.gep(b.inttoptr(f["bias"], fp), [bias_at])
+    b.ret(b.call(inner_bias, [m_chunk, n_chunk, f["k"], a_ptr, f["lda"], b_ptr, f["ldb"], c_ptr, f["ldc"], bias_ptr,
                               f["relu"]]))
 
     def run_noting_refusal(b, chunk):
@@ -330,6 +344,11 @@ def module_ir() -> str:
         wake_all(b)  # those now off go back to sleep, those now on come back
     b.ret(use)
 
+    rows_setter = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i32]), name=SET_ROWS)
+    b = ir.IRBuilder(rows_setter.append_basic_block("entry"))
+    b.store(rows_setter.args[0], by_rows)
+    b.ret_void()
+
     forked = ir.Function(mod, ir.FunctionType(ir.VoidType(), []), name=TEAM_FORKED)
     b = ir.IRBuilder(forked.append_basic_block("entry"))
     for g, zero in ((active, c32(0)), (started, c32(0)), (owner, c32(0)), (sleepers, c64(0)), (done, c64(0))):
@@ -355,10 +374,18 @@ def module_ir() -> str:
         go, as_is = fn.append_basic_block("split.try"), fn.append_basic_block("as_is")
         w = b.sext(b.load_atomic(active, "monotonic", 4), i64)
         n, m, k = args["n"], args["m"], args["k"]
+        rows = ir.Constant(ir.IntType(1), 0)
         if kind == KIND_RANGE:
             big = b.icmp_signed(">=", n, c64(RANGE_MIN))
         else:
             big = b.icmp_signed(">=", b.mul(b.mul(m, n), k), c64(SPLIT_MACS))
+            # by rows (SET_ROWS; rows enough for two chunks, else columns): chunks of whole
+            # ROW_MIN rows, one a thread
+            rows = b.and_(b.and_(b.icmp_signed("!=", b.load(by_rows), c32(0)),
+                                 b.icmp_signed("==", b.srem(n, c64(ROW_PANEL)), c64(0))),
+                          b.icmp_signed(">=", m, c64(2 * ROW_MIN)))
+            n = b.select(rows, m, n)  # the dimension split from here on
+            unit = b.select(rows, c64(ROW_MIN), unit)
         wide = b.icmp_signed(">=", n, b.mul(unit, c64(2)))
         worth_it = b.and_(b.icmp_signed(">", w, c64(0)), b.and_(big, wide))
         for extra in args.get("conds", ()):
@@ -369,8 +396,9 @@ def module_ir() -> str:
         lock_bb = fn.append_basic_block("split")
         b.cbranch(b.extract_value(pair, 1), lock_bb, as_is)
         b.position_at_end(lock_bb)
-        # chunks: two per thread where N allows (a late worker still finds work), whole panels
-        parts = b.mul(b.add(w, c64(1)), c64(2))
+        # chunks: two per thread where N allows (a late worker still finds work), whole panels;
+        # by rows one a thread (each copies all of B's panels)
+        parts = b.select(rows, b.add(w, c64(1)), b.mul(b.add(w, c64(1)), c64(2)))
         if kind == KIND_RANGE:  # grains (the last one partial) in at most `parts` chunks, the last the shortest
             panels = b.sdiv(b.add(n, b.sub(unit, c64(1))), unit)
         else:
@@ -382,7 +410,7 @@ def module_ir() -> str:
         else:
             n_chunks = b.sdiv(n, width)  # the last chunk takes the columns past n_chunks * width
         for name in JOB_FIELDS:
-            value = {"kind": c64(kind), "width": width}.get(name, args.get(name, c64(0)))
+            value = {"kind": c64(kind), "width": width, "rows": b.zext(rows, i64)}.get(name, args.get(name, c64(0)))
             if isinstance(value.type, ir.PointerType):
                 value = b.ptrtoint(value, i64)
             elif value.type == i32:
@@ -480,4 +508,4 @@ def compile_team():
     TEAM_FORKED bound; INNER_SGEMM and INNER_BIAS must be bound before. Raises where LLVM cannot
     compile the IR here."""
     return load_or_compile("team", __file__, module_ir,
-                           (TEAM_SGEMM, TEAM_BIAS, TEAM_RANGE, SET_TEAM, TEAM_STATS, TEAM_FORKED))
+                           (TEAM_SGEMM, TEAM_BIAS, TEAM_RANGE, SET_TEAM, TEAM_STATS, TEAM_FORKED, SET_ROWS))

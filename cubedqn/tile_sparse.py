@@ -16,9 +16,11 @@ each pair and block of k, the k where either row's a[k] is nonzero are listed on
 Then for each PANEL columns of C, that block of B's panel (K_BLOCK x 64 floats, 32 KB:
 L1) is copied to the stack as the tile does, and each pair walks its list: per entry,
 one panel row of four vectors loaded, each row's value broadcast, eight FMAs into eight
-chains in registers. Cost: one FMA per listed k and row, about 1.1x a dense tile FMA, so
-it pays while the pairs' lists are under ~90% of K (FILL_MAX 0.85, from `python
-scripts/bench_tile_gemm.py --sparse`). A list per row instead (each row's own nonzeros,
+chains in registers. Cost: one FMA per listed k and row, about 1.1x a dense tile FMA
+when the host runs fast, more when it does not (the lists and panel rows are loads the
+dense tile does not make), so it pays while the pairs' lists are under ~0.78 of K
+(FILL_MAX; on the Zen 4 host, dense over sparse, paired: lists of 0.75 K 1.02-1.19x,
+0.80 K 0.95-0.98x, 0.84 K 0.87-0.93x, runs/perf45/fill_sweep.txt). A list per row instead (each row's own nonzeros,
 no shared panel loads) ran its FMAs at ~1.6x the tile's cost: a loaded panel row fed two
 FMAs, not eight, and Zen 4's loads, not its FMAs, set the pace; it was no faster at half
 zeros and slower where rows' zeros are alike, as a trained net's are (rows of a batch
@@ -48,7 +50,7 @@ NV = PANEL // LANES   # vectors a row of the panel
 K_BLOCK = 128       # k values a list covers: B's panel, K_BLOCK x PANEL floats, is L1's 32 KB
 ROW_BLOCK = 64      # rows listed at a time: their pairs' lists, ROW_BLOCK / 2 x ROW_SLOTS x 12 bytes, on the stack
 ROW_SLOTS = K_BLOCK + LANES  # a pair's list room: a compress stores a whole vector past the list's end
-FILL_MAX = 0.85     # the longest the pairs' lists may be, as a fraction of K (see the docstring)
+FILL_MAX = 0.78     # the longest the pairs' lists may be, as a fraction of K (see the docstring)
 NAME = "cubedqn_tile_sparse"
 
 

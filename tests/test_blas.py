@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import llvmlite.binding as llb
 import numpy as np
 import pytest
 from numba import njit
@@ -121,6 +122,7 @@ def test_blas_info_names_scipys_openblas_when_scipy_is_bound(monkeypatch):
 
 
 _NETWORK_ROWS = """
+import llvmlite.binding as llb
 import numpy as np
 from cubedqn import blas
 from cubedqn.nn import Layout, MLP
@@ -435,23 +437,46 @@ def test_sparse_switch_is_a_one_line_cli_error_when_unknown(tmp_path):
 
 
 @needs_sparse
-def test_sparse_path_is_off_while_the_team_splits_products():
-    """Its column chunks would each list all of A's rows again: with team workers the
-    switch is off, back on (as asked) when they are gone; asked off, it stays off."""
+@pytest.mark.parametrize("by_rows", [True, False])
+def test_team_splits_sparse_products_by_rows_with_the_same_bits(by_rows):
+    """While the sparse path is on, the GEMM team splits the products of whole 64-column
+    panels by rows (each chunk lists only its own rows), with it off by columns; either way
+    the bits of one thread's product (forward with bias and ReLU, dW with A transposed, dx
+    with B transposed; an odd row count), and the team did split them."""
     from cubedqn.threads import limit_threads
     if blas.team_problem():
         pytest.skip(blas.team_problem())
-    try:
-        limit_threads(2)
-        assert blas.team_workers() == 1 and not blas.tile_sparse_on()
-        blas.set_team(0)
-        assert blas.tile_sparse_on()
-        with blas.tile_sparse_as(False):
-            assert not blas.tile_sparse_on()
-            blas.set_team(1)
-            blas.set_team(0)
-            assert not blas.tile_sparse_on()
-        assert blas.tile_sparse_on()
-    finally:
-        limit_threads(1)
-    assert blas.tile_sparse_on()
+    team_sgemm = blas._CTYPES_SIG(llb.address_of_symbol(blas.SYMBOL))
+    team_bias = blas._BIAS_CTYPES(llb.address_of_symbol(blas.BIAS_SYMBOL))
+    rng = np.random.default_rng(10)
+    cases = [(NO_TRANS, NO_TRANS, 131, 256, 256), (TRANS, NO_TRANS, 256, 256, 64), (NO_TRANS, TRANS, 64, 256, 256)]
+    operands = []
+    for ta, tb, m, n, k in cases:
+        a, b, _, _ = blas._check_operands(rng, m, n, k, ta, tb)
+        a[:] = np.abs(a) * (rng.random(a.shape) < 0.4)
+        operands.append((a, b, rng.standard_normal(n).astype(np.float32)))
+
+    def products():
+        out = []
+        for (ta, tb, m, n, k), (a, b, bias) in zip(cases, operands):
+            out.append(blas._product(team_sgemm, m, n, k, ta, tb, a, b))
+            if ta == tb == NO_TRANS:
+                got = np.full((m, n), np.nan, np.float32)
+                assert team_bias(m, n, k, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], got.ctypes.data, n,
+                                 bias.ctypes.data, 1) == 1
+                out.append(got)
+        return out
+
+    with blas.tile_sparse_as(by_rows):
+        try:
+            limit_threads(1)
+            alone = products()
+            limit_threads(2)
+            assert blas.team_workers() == 1 and blas.tile_sparse_on() == by_rows
+            split0 = blas.team_stats()["split"]
+            shared = products()
+            assert blas.team_stats()["split"] - split0 == len(alone)
+        finally:
+            limit_threads(1)
+    for x, y in zip(shared, alone):
+        np.testing.assert_array_equal(x, y)
