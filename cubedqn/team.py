@@ -13,7 +13,11 @@ beta 0, N >= 2 x CHUNK_MIN columns and at least SPLIT_MACS multiply-adds is cut 
 column chunks (whole multiples of the tile's 32-column panel; the last takes the rest),
 published in one atomic word, and taken chunk by chunk by the calling thread (from the
 first) and by whichever of the w workers are awake (from the last), each chunk one call of
-the inner function on that block of B's and C's columns. The caller never waits for a chunk no one has taken: a
+the inner function on that block of B's and C's columns; while SET_ROWS is on (blas.py
+sets it with tile_sparse.py's path, whose lists are of A's rows), a product whose N is
+whole ROW_PANELs and with 2 x ROW_MIN rows or more is cut into row chunks instead, one per
+thread, each a call on its block of op(A)'s and C's rows (the tile's rows are independent:
+the same bits). The caller never waits for a chunk no one has taken: a
 worker that sleeps or was descheduled costs nothing but its own share; the caller waits
 only for chunks a worker took and has not finished. Everything else (a smaller product,
 w = 0, another thread already splitting a product: eval's threads) calls the inner
