@@ -101,3 +101,16 @@ def test_a_file_that_is_not_a_profile_is_named_in_one_line(tmp_path, capsys, tex
     assert report_summary.main([str(tmp_path)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and says in err and "profile-cube2-double-t1.json" in err
+
+
+def test_the_gemm_row_says_what_share_of_the_multiply_adds_the_sparse_path_did(tmp_path):
+    """A profile whose GEMM layers left out zero terms (gemm_layers_done_fraction) reads at
+    the dense products' rate, with the share they did and its rate against the peak."""
+    (tmp_path / "profile-cube2-double-t1.json").write_text(json.dumps(
+        {"steps_per_min": 1000.0, "gemm_layers_gflops": 150.0, "peak_gflops": 100.0, "train_step_ms": 1.0,
+         "blas_threads": 1, "gemm_layers_done_fraction": 0.4}))
+    rows = {target: (measured, verdict) for target, measured, verdict in
+            report_summary.summary_rows(report_summary.Report(tmp_path))}
+    measured, verdict = rows["GEMM layers >= 70% of the sgemm peak (the issue's cube2 command, 1 thread)"]
+    assert measured.startswith("150% (150.0 of 100.0 GFLOP/s; dense-equivalent: they did 40% of the multiply-adds, "
+                               "60% of the peak for those)") and verdict == "met"
