@@ -53,6 +53,12 @@ whatever M is and whichever 8-row block or single row it falls in: a row's resul
 depends on the other rows of the call (the chunked paths and the target cache rely on
 that, tests/blas_rows.py).
 
+Zeros in A: with AVX-512 the module also holds tile_sparse.py's function and a switch
+(SET_SPARSE, set by blas.set_tile_sparse); while it is on, TILE and TILE_BIAS hand every
+product they take whose N is whole 64-column panels to it first, and it leaves out the
+terms where A (a ReLU output, in the engine) is zero, with the same bits, or returns
+without touching C where A is too full for that to pay (then the loops below run).
+
 bfloat16: on CPUs with AVX512_BF16 the module also holds tile_bf16.py's kernel and a flag
 (set by blas.set_matmul_precision through SET_PRECISION); while it is on, TILE and
 TILE_BIAS hand every row-major, alpha 1, beta 0 product to that kernel whatever the

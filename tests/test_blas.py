@@ -353,7 +353,7 @@ def _bias_tile():
 
 
 def _sparse_cases():
-    """(m, n, k, transposed A, transposed B): pairs and an odd row, blocks of 64 rows and a
+    """(m, n, k, transposed A, transposed B): pairs and an odd row, blocks of 128 rows and a
     short last one, K in blocks of 128 and a 16-wide tail, one panel and several."""
     for m in (1, 2, 3, 17, 64, 65, 130):
         for k in (1, 5, 16, 17, 128, 129, 300):
@@ -364,6 +364,8 @@ def _sparse_cases():
         yield m, n, k, False, True
     for m, n, k in ((256, 256, 64), (67, 64, 33), (1, 64, 16), (300, 128, 128), (130, 64, 5)):
         yield m, n, k, True, False
+    for m, n, k in ((9, 64, 40), (40, 128, 17)):  # both transposed (where the tile takes them)
+        yield m, n, k, True, True
 
 
 @needs_sparse
