@@ -260,11 +260,12 @@ def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
     panels, the lists are within FILL_MAX) its multiply-adds are the lists', else all of
     them. Rows: the forward passes' (forward_rows); the backward's are the batch's. The Q
     head's backward from the taken actions alone (no GEMM) counts as the layout counts it."""
-    from . import tile_gemm, tile_sparse
+    from . import threads, tile_gemm, tile_sparse
     layout, ws, wt = learner.layout, learner.ws, learner.ws_t
     w, L, b = layout.widths, layout.n_layers, learner.micro  # the last micro-batch's rows (grad_accum)
     scale = learner.batch_size / learner.micro  # what the step's micro-batches did, as the flops count it
-    on = blas.tile_sparse_on()
+    # the tile takes no product while the library runs on several threads (no team)
+    on = blas.tile_sparse_on() and (blas.team_workers() > 0 or threads.gemm_threads() == 1)
 
     def product(op_a, n, trans_a=False, trans_b=False):
         m, k = op_a.shape
