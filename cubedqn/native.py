@@ -144,14 +144,33 @@ def transpose_rows(b, rows):
     return rows
 
 
+def flag_with_setter(mod, name, setter_name, start, align=None):
+    """An internal i32 global `name` of mod (starting at `start`) and its setter, void
+    setter_name(i32); returns the global, which the emitted code loads where it branches."""
+    i32 = ir.IntType(32)
+    flag = ir.GlobalVariable(mod, i32, name)
+    flag.linkage, flag.initializer = "internal", ir.Constant(i32, start)
+    if align:
+        flag.align = align
+    setter = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i32]), name=setter_name)
+    b = ir.IRBuilder(setter.append_basic_block("entry"))
+    b.store(setter.args[0], flag)
+    b.ret_void()
+    return flag
+
+
+def splat(b, x, width):
+    """<width x type of x>: x in every lane (an insert and a shuffle: one broadcast)."""
+    vt = ir.VectorType(x.type, width)
+    v = b.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return b.shuffle_vector(v, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                                         [0] * width))
+
+
 def lane_mask(b, width, limit):
     """<width x i1>: lane < limit (an i64 value)."""
-    i64 = ir.IntType(64)
-    vt = ir.VectorType(i64, width)
-    lim = b.insert_element(ir.Constant(vt, ir.Undefined), limit, ir.Constant(ir.IntType(32), 0))
-    lim = b.shuffle_vector(lim, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), width),
-                                                                          [0] * width))
-    return b.icmp_signed("<", ir.Constant(vt, list(range(width))), lim)
+    return b.icmp_signed("<", ir.Constant(ir.VectorType(ir.IntType(64), width), list(range(width))),
+                         splat(b, limit, width))
 
 
 def load_floats(b, base, off, width, mask=None, align=4):

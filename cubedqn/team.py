@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import bias_gemm_type, declare, load_or_compile, sgemm_type
+from .native import bias_gemm_type, declare, flag_with_setter, load_or_compile, sgemm_type
 
 TEAM_SGEMM, TEAM_BIAS = "cubedqn_team_sgemm64", "cubedqn_team_sgemm_bias"
 TEAM_RANGE = "cubedqn_team_range"  # void (fn, ctx, n, grain): fn(ctx, lo, hi) over chunks of [0, n)
@@ -124,7 +124,7 @@ def module_ir() -> str:
     done = global_("team_done", i64, c64(0))          # chunks workers finished, this job
     refused = global_("team_refused", i64, c64(0))    # an inner bias call returned 0, this job
     split_count = global_("team_split", i64, c64(0))  # products split (statistics)
-    by_rows = global_("team_rows", i32, c32(0))       # SET_ROWS's switch
+    by_rows = flag_with_setter(mod, "team_rows", SET_ROWS, 0, align=64)  # products split by rows (SET_ROWS)
     taken = global_("team_taken", i64, c64(0))        # chunks workers took (statistics)
     job_t = ir.ArrayType(i64, len(JOB_FIELDS))
     job = global_("team_job", job_t, ir.Constant(job_t, [0] * len(JOB_FIELDS)))
@@ -347,11 +347,6 @@ def module_ir() -> str:
     with b.if_then(b.icmp_signed(">", n_started, c32(0))):
         wake_all(b)  # those now off go back to sleep, those now on come back
     b.ret(use)
-
-    rows_setter = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i32]), name=SET_ROWS)
-    b = ir.IRBuilder(rows_setter.append_basic_block("entry"))
-    b.store(rows_setter.args[0], by_rows)
-    b.ret_void()
 
     forked = ir.Function(mod, ir.FunctionType(ir.VoidType(), []), name=TEAM_FORKED)
     b = ir.IRBuilder(forked.append_basic_block("entry"))

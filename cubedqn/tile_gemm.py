@@ -89,9 +89,9 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from . import tile_bf16, tile_sparse
-from .native import (bias_gemm_type, counted_loop, declare, host_cpu_name, host_has_avx2_fma, host_has_avx512,
-                     load_floats, load_or_compile, sgemm_type, store_floats, tail_columns, transpose_rows,
-                     zero_or_loaded)
+from .native import (bias_gemm_type, counted_loop, declare, flag_with_setter, host_cpu_name, host_has_avx2_fma,
+                     host_has_avx512, load_floats, load_or_compile, sgemm_type, store_floats, tail_columns,
+                     transpose_rows, zero_or_loaded)
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
@@ -158,24 +158,11 @@ def module_ir() -> str:
     mod = ir.Module(name="cubedqn_tile_gemm")
     bf16 = None
     if tile_bf16.host_has_bf16():
-        i32 = ir.IntType(32)
-        flag = ir.GlobalVariable(mod, i32, "cubedqn_tile_bf16_on")
-        flag.linkage, flag.initializer = "internal", ir.Constant(i32, 0)
-        setter = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i32]), name=SET_PRECISION)
-        sb = ir.IRBuilder(setter.append_basic_block("entry"))
-        sb.store(setter.args[0], flag)
-        sb.ret_void()
-        bf16 = (_emit_bf16_split(mod, tile_bf16.emit(mod)), flag)
+        bf16 = (_emit_bf16_split(mod, tile_bf16.emit(mod)),
+                flag_with_setter(mod, "cubedqn_tile_bf16_on", SET_PRECISION, 0))
     sparse = None
     if SPARSE:
-        i32 = ir.IntType(32)
-        flag = ir.GlobalVariable(mod, i32, "cubedqn_tile_sparse_on")
-        flag.linkage, flag.initializer = "internal", ir.Constant(i32, 1)
-        setter = ir.Function(mod, ir.FunctionType(ir.VoidType(), [i32]), name=SET_SPARSE)
-        sb = ir.IRBuilder(setter.append_basic_block("entry"))
-        sb.store(setter.args[0], flag)
-        sb.ret_void()
-        sparse = (tile_sparse.emit(mod), flag)
+        sparse = (tile_sparse.emit(mod), flag_with_setter(mod, "cubedqn_tile_sparse_on", SET_SPARSE, 1))
     _emit(mod, epilogue=False, bf16=bf16, sparse=sparse)
     _emit(mod, epilogue=True, bf16=bf16, sparse=sparse)
     return str(mod)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import counted_loop, declare, lane_mask, load_floats, transpose_rows, zero_or_loaded
+from .native import counted_loop, declare, lane_mask, load_floats, splat, transpose_rows, zero_or_loaded
 
 PANEL = 64          # columns of C a walk of the lists fills (four 16-float vectors a row)
 LANES = 16
@@ -108,8 +108,7 @@ def emit(mod):
         return phis
 
     zero, izero = ir.Constant(vec, [0.0] * LANES), ir.Constant(ivec, [0] * LANES)
-    undef = ir.Constant(vec, ir.Undefined)
-    splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+    no_lanes = ir.Constant(mvec, [0] * LANES)
     iota = ir.Constant(ivec, [j * PANEL for j in range(LANES)])
     # the stack: B's panel, then each pair of rows' list (k offsets, the two rows' values) and length
     panel = b.alloca(ir.ArrayType(f32, K_BLOCK * PANEL))
@@ -133,9 +132,7 @@ def emit(mod):
         at = b.add(b.mul(p, c64(ROW_SLOTS)), pos)
         for t, v in enumerate((v0, v1)):
             b.store(b.call(compress_f, [v, zero, m]), vptr(values[t], at), align=4)
-        ks = b.add(iota, b.shuffle_vector(b.insert_element(ir.Constant(ivec, ir.Undefined),
-                                                            b.trunc(b.mul(k, c64(PANEL)), i32), ir.Constant(i32, 0)),
-                                           ir.Constant(ivec, ir.Undefined), splat))
+        ks = b.add(iota, splat(b, b.trunc(b.mul(k, c64(PANEL)), i32), LANES))
         b.store(b.call(compress_i, [ks, izero, m]), vptr(offsets, at, ivec), align=4)
         return b.add(pos, b.zext(b.call(popcount, [b.bitcast(m, i16)]), i64))
 
@@ -177,17 +174,11 @@ def emit(mod):
             block = []
             for r in range(LANES):
                 row = b.add(k0, b.add(k, c64(r)))
-                m = b.and_(cols, b.icmp_signed("<", ir.Constant(ir.VectorType(i64, LANES), [r] * LANES),
-                                               _splat64(rows_left)))
+                m = b.select(b.icmp_signed("<", c64(r), rows_left), cols, no_lanes)  # rows past kn: none
                 block.append(load_floats(b, A, b.add(b.mul(row, lda), u0), LANES, m))
             turned = transpose_rows(b, block)  # turned[u]: column u0 + u of A, rows k .. k + 15
             return [put(b.add(b.mul(g, c64(LANES // 2)), c64(q)), k, turned[2 * q], turned[2 * q + 1], pos[q])
                     for q in range(LANES // 2)]
-
-        def _splat64(x):
-            t = ir.VectorType(i64, LANES)
-            v = b.insert_element(ir.Constant(t, ir.Undefined), x, ir.Constant(i32, 0))
-            return b.shuffle_vector(v, ir.Constant(t, ir.Undefined), splat)
 
         k, pos, close_k = loop(c64(0), kn, LANES, "listt.k", [c64(0)] * (LANES // 2))
         pos = close_k(step(k, pos, c64(LANES)))
@@ -272,7 +263,7 @@ def emit(mod):
     new = []
     for t in range(2):
         a = b.load(b.gep(values[t], [b.add(at, e)]))
-        av = b.shuffle_vector(b.insert_element(undef, a, ir.Constant(i32, 0)), undef, splat)
+        av = splat(b, a, LANES)
         new += [b.call(fma, [av, panel_row[v], accs[t * NV + v]]) for v in range(NV)]
     sums = close_e(new)
     add_bias, clip = b.and_(last, has_bias), b.and_(last, relu_on)
