@@ -41,7 +41,7 @@ from threadpoolctl import threadpool_limits
 
 from cubedqn import blas
 from cubedqn.blas import NO_TRANS, ROW_MAJOR, SGEMM_SIG, TRANS
-from cubedqn.profiling import blas_info
+from cubedqn.profiling import blas_info, listed_fraction
 from cubedqn.threads import limit_threads
 
 # (label, M, K, N, which is transposed: True for A, "B" for B, False for neither):
@@ -79,6 +79,18 @@ def _repeat(use_tile, ta, tb, m, n, k, a, lda, b, ldb, c, reps):
             _tile(ROW_MAJOR, ta, tb, m, n, k, one, a.ctypes, lda, b.ctypes, ldb, zero, c.ctypes, n)
         else:
             _library(ROW_MAJOR, ta, tb, m, n, k, one, a.ctypes, lda, b.ctypes, ldb, zero, c.ctypes, n)
+
+
+def operands(rng, m, k, n, trans, trans_b, fill=None):
+    """(A, B, C, ta, tb, reps) for C (m, n) = op(A) @ op(B) as the engine lays them out, and
+    products enough for ~0.1 s; fill: A as a ReLU's output with that fraction of nonzeros."""
+    a = rng.standard_normal((k, m) if trans else (m, k)).astype(np.float32)
+    if fill is not None:
+        a = np.abs(a) * (rng.random(a.shape) < fill)
+    bm = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    outs = [np.zeros((m, n), np.float32) for _ in range(2)]
+    return a, bm, outs, TRANS if trans else NO_TRANS, TRANS if trans_b else NO_TRANS, \
+        max(5, int(2e8 // (2 * m * n * k)))
 
 
 def time_us(use_tile, args, reps):
@@ -121,12 +133,7 @@ def main():
     rng = np.random.default_rng(0)
     for label, m, k, n, trans in PRODUCTS:
         trans_b, trans = trans == "B", trans is True
-        a = rng.standard_normal((k, m) if trans else (m, k)).astype(np.float32)
-        bm = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
-        outs = [np.zeros((m, n), np.float32) for _ in range(2)]
-        ta, tb = TRANS if trans else NO_TRANS, TRANS if trans_b else NO_TRANS
-
-        reps = max(5, int(2e8 // (2 * m * n * k)))
+        a, bm, outs, ta, tb, reps = operands(rng, m, k, n, trans, trans_b)
         times = [[], []]
         for _ in range(args.rounds):
             for second, (t, out) in enumerate(zip(times, outs)):
@@ -153,15 +160,6 @@ def main():
               f"{flops / tile_us / 1e3:7.1f} {lib_us / tile_us:8.2f}x{'' if taken or args.bf16 else ' library'}")
 
 
-def listed_fraction(op_a):
-    """The sparse path's lists (a k where either row of a pair of op(A)'s rows is nonzero)
-    as a fraction of K: the multiply-adds it does against the dense loops'."""
-    nz = op_a != 0
-    if nz.shape[0] % 2:
-        nz = np.vstack([nz, np.zeros((1, nz.shape[1]), bool)])
-    return float((nz[0::2] | nz[1::2]).mean())
-
-
 def sparse_main(args):
     try:
         fills = [float(f) for f in args.sparse.split(",")]
@@ -182,12 +180,7 @@ def sparse_main(args):
     for label, m, k, n, trans in PRODUCTS:
         trans_b, trans = trans == "B", trans is True
         for fill in fills:
-            a = np.abs(rng.standard_normal((k, m) if trans else (m, k))).astype(np.float32)
-            a *= rng.random(a.shape) < fill
-            bm = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
-            outs = [np.zeros((m, n), np.float32) for _ in range(2)]
-            ta, tb = TRANS if trans else NO_TRANS, TRANS if trans_b else NO_TRANS
-            reps = max(5, int(2e8 // (2 * m * n * k)))
+            a, bm, outs, ta, tb, reps = operands(rng, m, k, n, trans, trans_b, fill)
             times = [[], []]
             for _ in range(args.rounds):
                 for on, (t, out) in enumerate(zip(times, outs)):
