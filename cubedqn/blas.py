@@ -595,8 +595,8 @@ def _apply_sparse():
     on = _SPARSE_SETTER is not None and _sparse["wanted"]
     if _SPARSE_SETTER is not None:
         _SPARSE_SETTER(1 if on else 0)
-    if _TEAM_ENGINE is not None:
-        ctypes.CFUNCTYPE(None, ctypes.c_int32)(_TEAM_ENGINE.get_function_address(team.SET_ROWS))(1 if on else 0)
+    if _TEAM_ROWS is not None:
+        _TEAM_ROWS(1 if on else 0)
     _sparse["on"] = on
 
 
@@ -670,7 +670,10 @@ _TEAM_ENV = os.environ.get("CUBEDQN_TEAM", "1").strip()
 TEAM_PROBLEM = None if _TEAM_ENV in ("0", "1") else f"CUBEDQN_TEAM={os.environ['CUBEDQN_TEAM']!r} is not one of: 0, 1"
 TEAM_WANTED = _TEAM_ENV != "0"
 _TEAM_ENGINE, TEAM_STATUS = _bind_team()
-_apply_sparse()  # the team's row split follows the sparse path's switch
+# team.SET_ROWS: the team's row split follows the sparse path's switch (_apply_sparse)
+_TEAM_ROWS = (ctypes.CFUNCTYPE(None, ctypes.c_int32)(_TEAM_ENGINE.get_function_address(team.SET_ROWS))
+              if _TEAM_ENGINE is not None else None)
+_apply_sparse()
 RANGE_ADDRESS = _bind_range()
 _TEAM_LOCK = threading.Lock()
 _team_checked = None  # None: not yet; then whether the split products came out right
@@ -683,14 +686,13 @@ def _check_team() -> bool:
     function's bits, and the bias version its bits and its answer?"""
     split = _CTYPES_SIG(_TEAM_ENGINE.get_function_address(team.TEAM_SGEMM))
     inner = _CTYPES_SIG(llb.address_of_symbol(team.INNER_SGEMM))
-    set_rows = ctypes.CFUNCTYPE(None, ctypes.c_int32)(_TEAM_ENGINE.get_function_address(team.SET_ROWS))
     rng = np.random.default_rng(4)
     deep = DEEP_K if TILE else 300  # products the inner computes (not the library behind the tile)
     split_bias = _BIAS_CTYPES(_TEAM_ENGINE.get_function_address(team.TEAM_BIAS))
     inner_bias = _BIAS_CTYPES(llb.address_of_symbol(team.INNER_BIAS))
     try:
         for by_rows in (0, 1) if _SPARSE_SETTER is not None else (0,):  # rows only where the sparse path sets them
-            set_rows(by_rows)
+            _TEAM_ROWS(by_rows)
             for ta, tb, m, n, k in ((NO_TRANS, NO_TRANS, 17, 100, deep), (NO_TRANS, TRANS, 9, 260, 64),
                                     (TRANS, NO_TRANS, 40, 129, 64), (NO_TRANS, NO_TRANS, 64, 256, 256),
                                     (NO_TRANS, NO_TRANS, 70, 128, 100), (TRANS, NO_TRANS, 99, 64, 64),
@@ -713,7 +715,7 @@ def _check_team() -> bool:
                 if outs[0][0] != outs[1][0] or not np.array_equal(outs[0][1], outs[1][1], equal_nan=True):
                     return False
     finally:
-        set_rows(1 if _sparse["on"] else 0)
+        _TEAM_ROWS(1 if _sparse["on"] else 0)
     return True
 
 
