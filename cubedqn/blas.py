@@ -20,7 +20,7 @@ instead, which computes the networks' small products itself (an 8 x 32 register 
 16 with AVX2) while the library runs on one thread and calls the library, bound as
 `cubedqn_blas_sgemm64`, for the rest; it is checked on small products at import and not
 bound if that fails.
-`CUBEDQN_TILE_GEMM=0` binds the library alone.
+`CUBEDQN_TILE_GEMM=0` binds the library alone; `avx2` the AVX2 tile on an AVX-512 CPU too.
 
 Precision: `set_matmul_precision("bfloat16")` (where the CPU has AVX512_BF16 and the tile
 is bound; config key `matmul_precision`) sends every product the tile is given, its bias
@@ -523,11 +523,11 @@ def _bind():
 
 
 # CUBEDQN_TILE_GEMM=0 leaves every product to the library (for side-by-side timings); 1
-# (default) lets tile_gemm take the ones it is faster on. Another value is reported by the
-# CLI (exit 2).
-_TILE_ENV = os.environ.get("CUBEDQN_TILE_GEMM", "1").strip()
-TILE_PROBLEM = None if _TILE_ENV in ("0", "1") else \
-    f"CUBEDQN_TILE_GEMM={os.environ['CUBEDQN_TILE_GEMM']!r} is not one of: 0, 1"
+# (default) lets tile_gemm take the ones it is faster on; avx2 too, with the AVX2 code on
+# an AVX-512 CPU (native.tile_avx512). Another value is reported by the CLI (exit 2).
+_TILE_ENV = os.environ.get("CUBEDQN_TILE_GEMM", "1").strip().lower()
+TILE_PROBLEM = None if _TILE_ENV in ("0", "1", "avx2") else \
+    f"CUBEDQN_TILE_GEMM={os.environ['CUBEDQN_TILE_GEMM']!r} is not one of: 0, 1, avx2"
 TILE_WANTED = _TILE_ENV != "0"
 BACKEND, BACKEND_INFO, CONFIG_PROBLEM, _LIBRARY_ADDRESS = _bind()
 _TILE_ENGINE, TILE_STATUS = _bind_tile(_LIBRARY_ADDRESS)
@@ -565,8 +565,6 @@ def _bind_sparse():
     CUBEDQN_TILE_SPARSE says (on unless 0)."""
     if _TILE_ENGINE is None:
         return None, f"needs the tile GEMM (tile_gemm.py), which is {TILE_STATUS}"
-    if not tile_gemm.SPARSE:
-        return None, "needs AVX-512 (its compress instruction), which this CPU has not"
     setter = ctypes.CFUNCTYPE(None, ctypes.c_int32)(_TILE_ENGINE.get_function_address(tile_gemm.SET_SPARSE))
     from threadpoolctl import threadpool_limits
     with threadpool_limits(limits=1, user_api="blas"):
@@ -801,6 +799,8 @@ def _bind_bf16():
         return None, f"needs the tile GEMM (tile_gemm.py), which is {TILE_STATUS}"
     if not tile_bf16.host_has_bf16():
         return None, "needs a CPU with AVX512_BF16 (this one has none)"
+    if not tile_gemm.has_bf16():
+        return None, "needs the AVX-512 tile (CUBEDQN_TILE_GEMM=avx2 builds the AVX2 one)"
     setter = ctypes.CFUNCTYPE(None, ctypes.c_int32)(_TILE_ENGINE.get_function_address(tile_gemm.SET_PRECISION))
     setter(1)
     try:

@@ -160,10 +160,18 @@ def blas_info() -> dict:
             "kernel": pick.get("architecture"), "threads": pick.get("num_threads"), "source": blas.BACKEND,
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
             "tile_gemm": "on" if blas.TILE else blas.TILE_STATUS,
+            # the tile's code: "avx512" or "avx2" (CUBEDQN_TILE_GEMM=avx2 on an AVX-512 CPU too)
+            "tile_isa": ("avx512" if blas.tile_gemm.AVX512 else "avx2") if blas.TILE else None,
             # team.py: workers that share the larger products' columns with the caller now
             # (--threads T: T - 1, the BLAS then on one thread), or why there are none
             "gemm_team": blas.team_problem() or f"{blas.team_workers()} worker(s)",
             "gemm_threads": gemm_threads()}
+
+
+def describe_tile(b: dict) -> str:
+    """blas_info's tile GEMM in words: "on (AVX-512)", "on (AVX2)", or why it is not used."""
+    isa = {"avx512": " (AVX-512)", "avx2": " (AVX2)"}.get(b.get("tile_isa"), "")
+    return f"{b.get('tile_gemm', 'absent')}{isa}"
 
 
 def cpu_info() -> dict:
@@ -497,7 +505,7 @@ def format_report(r: dict) -> str:
     lines.append(f"BLAS: {b['library']} {b['version']} ({b.get('source', 'scipy')}'s) kernel {b['kernel']}, "
                  f"{b['threads']} thread(s), OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}; GEMMs on "
                  f"{b.get('gemm_threads', b['threads'])} thread(s); "
-                 f"tile GEMM (tile_gemm.py; used while BLAS runs on one thread) {b.get('tile_gemm', 'absent')}; "
+                 f"tile GEMM (tile_gemm.py; used while BLAS runs on one thread) {describe_tile(b)}; "
                  f"GEMM team (team.py) {b.get('gemm_team', 'absent')}")
     if r.get("cpu"):
         lines.append(f"CPU: {describe_cpu(r['cpu'])}")

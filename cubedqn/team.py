@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
+from . import tile_sparse
 from .native import bias_gemm_type, declare, flag_with_setter, load_or_compile, sgemm_type
 
 TEAM_SGEMM, TEAM_BIAS = "cubedqn_team_sgemm64", "cubedqn_team_sgemm_bias"
@@ -82,7 +83,7 @@ TEAM_FORKED = "cubedqn_team_forked"
 SET_ROWS = "cubedqn_team_set_rows"
 MAX_WORKERS = 15
 CHUNK_MIN = 32            # the tile's panel: chunks are whole panels
-ROW_PANEL = 64            # tile_sparse.py's panel: products split by rows have whole ones
+ROW_PANEL = tile_sparse.PANEL  # its panel (64, 32 with AVX2): products split by rows have whole ones
 ROW_MIN = 16              # rows of a row chunk (whole multiples of it; the last takes the rest)
 SPLIT_MACS = 1 << 17      # ~1.2 us on one Zen 4 core; smaller products are not worth a hand-off
 RANGE_MIN = 1 << 15       # TEAM_RANGE splits ranges this long or longer (a momentum update of
@@ -506,5 +507,5 @@ def compile_team():
     """(engine, "cache" or "compiled") with TEAM_SGEMM, TEAM_BIAS, TEAM_RANGE, SET_TEAM, TEAM_STATS and
     TEAM_FORKED bound; INNER_SGEMM and INNER_BIAS must be bound before. Raises where LLVM cannot
     compile the IR here."""
-    return load_or_compile("team", __file__, module_ir,
+    return load_or_compile(f"team-rows{ROW_PANEL}", __file__, module_ir,  # ROW_PANEL: the tile's ISA
                            (TEAM_SGEMM, TEAM_BIAS, TEAM_RANGE, SET_TEAM, TEAM_STATS, TEAM_FORKED, SET_ROWS))

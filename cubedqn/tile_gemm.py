@@ -53,11 +53,15 @@ whatever M is and whichever 8-row block or single row it falls in: a row's resul
 depends on the other rows of the call (the chunked paths and the target cache rely on
 that, tests/blas_rows.py).
 
-Zeros in A: with AVX-512 the module also holds tile_sparse.py's function and a switch
-(SET_SPARSE, set by blas.set_tile_sparse); while it is on, TILE and TILE_BIAS hand every
-product they take whose N is whole 64-column panels to it first, and it leaves out the
-terms where A (a ReLU output, in the engine) is zero, with the same bits, or returns
+Zeros in A: the module also holds tile_sparse.py's function and a switch (SET_SPARSE, set
+by blas.set_tile_sparse); while it is on, TILE and TILE_BIAS hand every product they take
+whose N is whole panels of it (64 columns, 32 with AVX2) to it first, and it leaves out
+the terms where A (a ReLU output, in the engine) is zero, with the same bits, or returns
 without touching C where A is too full for that to pay (then the loops below run).
+
+CUBEDQN_TILE_GEMM=avx2 builds the AVX2 code on an AVX-512 CPU too (LLVM told to use no
+AVX-512 instruction; no bfloat16 kernel): the tests run it there, and its timings there
+stand in for an AVX2 CPU's.
 
 bfloat16: on CPUs with AVX512_BF16 the module also holds tile_bf16.py's kernel and a flag
 (set by blas.set_matmul_precision through SET_PRECISION); while it is on, TILE and
@@ -91,7 +95,7 @@ import llvmlite.ir as ir
 from . import tile_bf16, tile_sparse
 from .native import (bias_gemm_type, counted_loop, declare, flag_with_setter, host_cpu_name, host_has_avx2_fma,
                      host_has_avx512, load_floats, load_or_compile, sgemm_type, store_floats, tail_columns,
-                     transpose_rows, zero_or_loaded)
+                     tile_avx512, transpose_rows, zero_or_loaded)
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
@@ -103,8 +107,9 @@ THREADS = "cubedqn_blas_threads"  # int (): the library's thread count now (blas
 # start) back to float32; only where the module has BF16 (the CPU has AVX512_BF16)
 SET_PRECISION = "cubedqn_tile_set_bf16"
 # tile rows, tile columns (one panel), floats per vector register; the rows a smaller group
-# takes where fewer than MR are left (before the last ones go one at a time)
-AVX512 = host_has_avx512()
+# takes where fewer than MR are left (before the last ones go one at a time); AVX-512 where
+# the CPU has it, unless CUBEDQN_TILE_GEMM=avx2 asks for the AVX2 code (native.tile_avx512)
+AVX512 = tile_avx512()
 if AVX512:    # 16 zmm accumulators of the 32 registers
     MR, NR, LANES, REST_ROWS = 8, 32, 16, ()
 else:         # AVX2: 12 ymm accumulators, 2 rows of the panel and a broadcast of the 16 registers;
@@ -130,10 +135,8 @@ TRANS_A_MAX = 256
 # as often, and Zen 4 has 1 MB of L2)
 ROW_BLOCK = None if AVX512 else 128
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
-# TILE and TILE_BIAS try tile_sparse.py's path first where the module has it (AVX-512: it
-# needs the compress instruction, and was measured there), while its switch is on (the
-# start): void (i32) sets it, 0 leaving every product to the dense loops (blas.set_tile_sparse)
-SPARSE = AVX512
+# TILE and TILE_BIAS try tile_sparse.py's path first while its switch is on (the start):
+# void (i32) sets it, 0 leaving every product to the dense loops (blas.set_tile_sparse)
 SET_SPARSE = "cubedqn_tile_set_sparse"
 # bfloat16 products of at least this many multiply-adds (0.7 ms or more on one Zen 4 core)
 # are split by rows over the library's threads (a pthread started per share, the caller
@@ -154,15 +157,18 @@ def takes(m, n, k, trans_a=False, trans_b=False, bias=False) -> bool:
     return k <= TRANS_A_MAX and (m <= TRANS_A_MAX or n <= LANES or AVX512)
 
 
+def has_bf16() -> bool:
+    """Whether the module holds tile_bf16.py's kernel: the AVX-512 tile on a CPU with AVX512_BF16."""
+    return AVX512 and tile_bf16.host_has_bf16()
+
+
 def module_ir() -> str:
     mod = ir.Module(name="cubedqn_tile_gemm")
     bf16 = None
-    if tile_bf16.host_has_bf16():
+    if has_bf16():
         bf16 = (_emit_bf16_split(mod, tile_bf16.emit(mod)),
                 flag_with_setter(mod, "cubedqn_tile_bf16_on", SET_PRECISION, 0))
-    sparse = None
-    if SPARSE:
-        sparse = (tile_sparse.emit(mod), flag_with_setter(mod, "cubedqn_tile_sparse_on", SET_SPARSE, 1))
+    sparse = (tile_sparse.emit(mod), flag_with_setter(mod, "cubedqn_tile_sparse_on", SET_SPARSE, 1))
     _emit(mod, epilogue=False, bf16=bf16, sparse=sparse)
     _emit(mod, epilogue=True, bf16=bf16, sparse=sparse)
     return str(mod)
@@ -568,8 +574,10 @@ def compile_tile():
     Raises where the CPU has neither AVX-512 nor AVX2 with FMA, or LLVM cannot compile the IR."""
     if not (AVX512 or host_has_avx2_fma()):
         raise RuntimeError("needs AVX2 and FMA (6 x 16 tile) or AVX-512 (8 x 32)")
-    symbols = (TILE, TILE_BIAS) + ((SET_PRECISION,) if tile_bf16.host_has_bf16() else ())
-    # LLVM's default for the AVX-512 CPUs is 256-bit vectors; that tile is written for 512
-    symbols += (SET_SPARSE,) if SPARSE else ()
+    symbols = (TILE, TILE_BIAS) + ((SET_PRECISION,) if has_bf16() else ())
+    symbols += (SET_SPARSE,)
+    # LLVM's default for the AVX-512 CPUs is 256-bit vectors; that tile is written for 512.
+    # The AVX2 code on an AVX-512 CPU: no AVX-512 instruction either (as on an AVX2 CPU)
+    features = ",-prefer-256-bit" if AVX512 else ",-avx512f" if host_has_avx512() else ""
     return load_or_compile("tile-gemm", (__file__, tile_bf16.__file__, tile_sparse.__file__), module_ir, symbols,
-                           ",-prefer-256-bit" if AVX512 else "")
+                           features)

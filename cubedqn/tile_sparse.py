@@ -1,30 +1,42 @@
 """The tile GEMM's path for a left operand with many exact zeros (a ReLU layer's output),
-in LLVM IR (AVX-512).
+in LLVM IR (AVX-512, or AVX2 with FMA).
 
 What this file is: `emit(mod)`, which adds to tile_gemm.py's module an internal function
-with TILE_BIAS's signature, C = A @ B + bias (then ReLU if relu) for row-major A and B as
-they are. TILE_BIAS calls it first where N is a multiple of PANEL (and the tile takes the
-product: K <= K_MAX, the library on one thread; with the GEMM team, on each of its column
-chunks). Such products are the forward layers after the first, whose input is the
-previous layer's ReLU output: about half zeros in a net at initialisation, two thirds in
-the 2x2x2 preset's after a minute of training. It returns 1, or 0 without touching C
+C = op(A) @ op(B) (+ bias, then ReLU if relu), row-major, either operand possibly
+transposed (function_type). TILE and TILE_BIAS call it first where N is a multiple of
+PANEL (and the tile takes the product: the library on one thread; with the GEMM team, on
+each of its chunks). Such products are the layers after the first: the forward's input
+is the previous layer's ReLU output (A as is), dW's is it transposed (A^T), dx's is a
+delta masked by a ReLU (B^T): about half zeros in a net at initialisation, two thirds
+in the 2x2x2 preset's after a minute of training. It returns 1, or 0 without touching C
 where A is too full for it to pay (FILL_MAX, below); the tile's dense loops then run.
 
 How: C's rows in pairs, listed in blocks of ROW_BLOCK rows and K_BLOCK values of k. For
-each pair and block of k, the k where either row's a[k] is nonzero are listed once
-(AVX-512 compress, 16 k at a time): k as an offset into B's panel, and both rows' values.
-Then for each PANEL columns of C, that block of B's panel (K_BLOCK x 64 floats, 32 KB:
-L1) is copied to the stack as the tile does, and each pair walks its list: per entry,
-one panel row of four vectors loaded, each row's value broadcast, eight FMAs into eight
-chains in registers. Cost: one FMA per listed k and row, about 1.1x a dense tile FMA
-when the host runs fast, more when it does not (the lists and panel rows are loads the
-dense tile does not make), so it pays while the pairs' lists are under ~0.78 of K
-(FILL_MAX; on the Zen 4 host, dense over sparse, paired: lists of 0.75 K 1.02-1.19x,
-0.80 K 0.95-0.98x, 0.84 K 0.87-0.93x, runs/perf45/fill_sweep.txt). A list per row instead (each row's own nonzeros,
-no shared panel loads) ran its FMAs at ~1.6x the tile's cost: a loaded panel row fed two
-FMAs, not eight, and Zen 4's loads, not its FMAs, set the pace; it was no faster at half
-zeros and slower where rows' zeros are alike, as a trained net's are (rows of a batch
-side by side: lists of 0.40 K at 0.33 nonzeros).
+each pair and block of k, the k where either row's a[k] is nonzero are listed once,
+LANES k at a time: k as an offset into B's panel, and both rows' values. AVX-512 packs
+a vector's listed lanes with its compress instruction; AVX2 has none, so the lane mask
+(8 bits) picks one of 256 lane orders from a table (8 KB) for a permute of each vector,
+and the whole vector is stored at the list's end (the lanes past the count are
+overwritten by the next store or never read). Then for each PANEL columns of C (four
+vectors: 64, 32 with AVX2), that block of B's panel (K_BLOCK x PANEL floats: 32 KB, 16
+KB with AVX2) is copied to the stack as the tile does, and each pair walks its list: per
+entry, one panel row of four vectors loaded, each row's value broadcast, eight FMAs into
+eight chains in registers (with AVX2, 14 of the 16 ymm registers).
+
+Cost (AVX-512): one FMA per listed k and row, about 1.1x a dense tile FMA when the host
+runs fast, more when it does not (the lists and panel rows are loads the dense tile does
+not make), so it pays while the pairs' lists are under ~0.78 of K (FILL_MAX; on the Zen
+4 host, dense over sparse, paired: lists of 0.75 K 1.02-1.19x, 0.80 K 0.95-0.98x, 0.84
+K 0.87-0.93x, runs/perf45/fill_sweep.txt). AVX2's dense tile (6 x 16: two panel loads
+and six broadcasts per twelve FMAs) leaves the lists more room: the AVX2 code on the
+Zen 4 host (CUBEDQN_TILE_GEMM=avx2), the small step's four 256-wide products, paired
+medians: lists of 0.75 K 1.11-1.17x, 0.80 K 1.07-1.12x, 0.84 K 1.03-1.09x, 0.88 K
+0.98-1.03x (runs/perf46/fill_sweep_avx2.txt), so FILL_MAX is 0.82 there (not measured on
+an AVX2-only CPU). A list per row instead (each row's own nonzeros, no shared panel
+loads) ran its FMAs at ~1.6x the tile's cost (AVX-512): a loaded panel row fed two FMAs,
+not eight, and Zen 4's loads, not its FMAs, set the pace; it was no faster at half zeros
+and slower where rows' zeros are alike, as a trained net's are (rows of a batch side by
+side: lists of 0.40 K at 0.33 nonzeros).
 
 Arithmetic: the dense tile's, bit for bit: each element of C is fma(a[k], b[k], acc)
 over k in order from +0 (through C between K blocks), then + bias, then the ReLU, with
@@ -34,23 +46,24 @@ underflows past the smallest subnormal can make. (Where B holds an inf or a NaN,
 dense product makes NaN of 0 * inf and this does not.)
 
 What it is not: a sparse-matrix format (A is dense and its zeros are found on each call:
-a count over A first, then the lists), or used for a transposed operand, the columns past
-N's last whole panel, or without AVX-512 (no compress instruction, and not measured).
+a count over A first, then the lists), or used for the columns past N's last whole panel.
 """
 
 from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import counted_loop, declare, lane_mask, load_floats, splat, transpose_rows, zero_or_loaded
+from .native import counted_loop, declare, lane_mask, load_floats, splat, tile_avx512, transpose_rows, zero_or_loaded
 
-PANEL = 64          # columns of C a walk of the lists fills (four 16-float vectors a row)
-LANES = 16
-NV = PANEL // LANES   # vectors a row of the panel
-K_BLOCK = 128       # k values a list covers: B's panel, K_BLOCK x PANEL floats, is L1's 32 KB
+LANES = 16 if tile_avx512() else 8  # floats a vector: zmm, or ymm (AVX2)
+NV = 4                  # vectors a row of the panel: with two rows, 8 accumulators (+ 4 + 2 of 16 ymm)
+PANEL = NV * LANES      # columns of C a walk of the lists fills: 64, 32 with AVX2
+K_BLOCK = 128       # k values a list covers: B's panel, K_BLOCK x PANEL floats, is L1's 32 KB (AVX2: half)
 ROW_BLOCK = 128      # rows listed at a time: their pairs' lists, ROW_BLOCK / 2 x ROW_SLOTS x 12 bytes, on the stack
-ROW_SLOTS = K_BLOCK + LANES  # a pair's list room: a compress stores a whole vector past the list's end
-FILL_MAX = 0.78     # the longest the pairs' lists may be, as a fraction of K (see the docstring)
+ROW_SLOTS = K_BLOCK + LANES  # a pair's list room: each append stores a whole vector past the list's end
+# the longest the pairs' lists may be, as a fraction of K (see the docstring): with AVX2,
+# whose dense tile does fewer FMAs a load than the AVX-512 one, they pay longer
+FILL_MAX = 0.78 if LANES == 16 else 0.82
 NAME = "cubedqn_tile_sparse"
 
 
@@ -64,12 +77,22 @@ def function_type():
 
 def emit(mod):
     """The function NAME (internal, of function_type()) into mod; returns it."""
-    i1, i16, i32, i64, f32 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec, ivec, mvec = ir.VectorType(f32, LANES), ir.VectorType(i32, LANES), ir.VectorType(i1, LANES)
     fma = declare(mod, f"llvm.fma.v{LANES}f32", ir.FunctionType(vec, [vec, vec, vec]))
-    compress_f = declare(mod, "llvm.x86.avx512.mask.compress.v16f32", ir.FunctionType(vec, [vec, vec, mvec]))
-    compress_i = declare(mod, "llvm.x86.avx512.mask.compress.v16i32", ir.FunctionType(ivec, [ivec, ivec, mvec]))
-    popcount = declare(mod, "llvm.ctpop.i16", ir.FunctionType(i16, [i16]))
+    bits = ir.IntType(LANES)  # a lane mask as an integer
+    popcount = declare(mod, f"llvm.ctpop.i{LANES}", ir.FunctionType(bits, [bits]))
+    if LANES == 16:
+        compress_f = declare(mod, "llvm.x86.avx512.mask.compress.v16f32", ir.FunctionType(vec, [vec, vec, mvec]))
+        compress_i = declare(mod, "llvm.x86.avx512.mask.compress.v16i32", ir.FunctionType(ivec, [ivec, ivec, mvec]))
+    else:  # AVX2 has no compress: a table of the 256 masks' lane orders and a permute
+        permute_f = declare(mod, "llvm.x86.avx2.permps", ir.FunctionType(vec, [vec, ivec]))
+        permute_i = declare(mod, "llvm.x86.avx2.permd", ir.FunctionType(ivec, [ivec, ivec]))
+        orders = ir.GlobalVariable(mod, ir.ArrayType(ivec, 1 << LANES), f"{NAME}_orders")
+        orders.linkage, orders.global_constant, orders.align = "internal", True, 32
+        orders.initializer = ir.Constant(ir.ArrayType(ivec, 1 << LANES), [
+            ir.Constant(ivec, [j for j in range(LANES) if m >> j & 1] + [0] * (LANES - bin(m).count("1")))
+            for m in range(1 << LANES)])
     fn = ir.Function(mod, function_type(), name=NAME)
     fn.linkage = "internal"
     M, N, K, A, lda, B, ldb, C, ldc, bias, relu, a_trans, b_trans = fn.args
@@ -126,20 +149,25 @@ def emit(mod):
         return b.fcmp_unordered("!=", v, zero)  # a NaN counts: the dense product would carry it
 
     def put(p, k, v0, v1, pos):
-        """Append to pair p's list, at its position pos, the k in [k, k + 16) where v0 or v1
+        """Append to pair p's list, at its position pos, the k in [k, k + LANES) where v0 or v1
         (the pair's values of op(A) there) is nonzero; returns the position after."""
         m = b.or_(nonzero(v0), nonzero(v1))
         at = b.add(b.mul(p, c64(ROW_SLOTS)), pos)
-        for t, v in enumerate((v0, v1)):
-            b.store(b.call(compress_f, [v, zero, m]), vptr(values[t], at), align=4)
         ks = b.add(iota, splat(b, b.trunc(b.mul(k, c64(PANEL)), i32), LANES))
-        b.store(b.call(compress_i, [ks, izero, m]), vptr(offsets, at, ivec), align=4)
-        return b.add(pos, b.zext(b.call(popcount, [b.bitcast(m, i16)]), i64))
+        if LANES == 16:
+            packed = [b.call(compress_f, [v, zero, m]) for v in (v0, v1)] + [b.call(compress_i, [ks, izero, m])]
+        else:
+            order = b.load(b.gep(orders, [c64(0), b.zext(b.bitcast(m, bits), i64)]), align=32)
+            packed = [b.call(permute_f, [v, order]) for v in (v0, v1)] + [b.call(permute_i, [ks, order])]
+        for t in range(2):
+            b.store(packed[t], vptr(values[t], at), align=4)
+        b.store(packed[2], vptr(offsets, at, ivec), align=4)
+        return b.add(pos, b.zext(b.call(popcount, [b.bitcast(m, bits)]), i64))
 
     def list_rows(i0, rb, k0, kn):
         """Pair p's list (p < ceil(rb / 2)) of op(A)'s rows i0 + 2p, i0 + 2p + 1 (a row past rb
         reads as zero) over k in [k0, k0 + kn); returns the sum of the lists' lengths.
-        A as is: each pair's two rows, 16 k at a time (the last vector masked)."""
+        A as is: each pair's two rows, LANES k at a time (the last vector masked)."""
         pairs = b.sdiv(b.add(rb, c64(1)), c64(2))
         p, (total,), close_p = loop(c64(0), pairs, 1, "list", [c64(0)])
         second = b.icmp_signed("<", b.add(b.mul(p, c64(2)), c64(1)), rb)
@@ -162,9 +190,9 @@ def emit(mod):
         return close_p([b.add(total, pos)])[0]
 
     def list_columns(i0, rb, k0, kn):
-        """list_rows for A transposed: op(A)'s rows are A's columns. 16 of them at a time, 16
-        k at a time: a 16 x 16 block of A (its rows k, columns i) turned in registers, then
-        eight pairs' values at once."""
+        """list_rows for A transposed: op(A)'s rows are A's columns. LANES of them at a time,
+        LANES k at a time: a LANES x LANES block of A (its rows k, columns i) turned in
+        registers, then LANES / 2 pairs' values at once."""
         groups = b.sdiv(b.add(rb, c64(LANES - 1)), c64(LANES))
         g, (total,), close_g = loop(c64(0), groups, 1, "listt", [c64(0)])
         u0 = b.add(i0, b.mul(g, c64(LANES)))
@@ -201,7 +229,7 @@ def emit(mod):
             close_k()
             return []
 
-        def transposed():  # B is (N x K): 16 x 16 blocks turned in registers, the last kn mod 16 rows one by one
+        def transposed():  # B is (N x K): LANES x LANES blocks turned in registers, the last kn mod LANES rows one by one
             kc, _, close_kc = loop(c64(0), kn, LANES, "copyt")
             for g in range(NV):
                 rows = [b.load(vptr(B, b.add(b.mul(b.add(j0, c64(g * LANES + r)), ldb), b.add(k0, kc))), align=4)

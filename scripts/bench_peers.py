@@ -399,10 +399,10 @@ def budget_lines(shape, med, g_flops, peak, ceiling, rest_now, peer_flops):
 
 
 def blas_kernel():
-    from cubedqn.profiling import blas_info
+    from cubedqn.profiling import blas_info, describe_tile
     b = blas_info()
     return (f"{b['library']} {b['version']} ({b['source']}'s, see cubedqn/blas.py) kernel {b['kernel']}, "
-            f"OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}; tile GEMM (cubedqn/tile_gemm.py) {b['tile_gemm']}")
+            f"OPENBLAS_CORETYPE={b['OPENBLAS_CORETYPE']}; tile GEMM (cubedqn/tile_gemm.py) {describe_tile(b)}")
 
 
 def print_table(med, base, flops, width=16):

@@ -127,7 +127,7 @@ def main():
               f"alternating rounds, us per product")
     else:
         print(f"library: {b['library']} {b['version']} ({b['source']}'s) kernel {b['kernel']}, "
-              f"{args.library_threads} thread(s); tile: one thread; "
+              f"{args.library_threads} thread(s); tile ({'AVX-512' if blas.tile_gemm.AVX512 else 'AVX2'}): one thread; "
               f"medians of {args.rounds} alternating rounds, us per product")
     print(f"{'product':<40s} {'M x K x N':>22s} {cols[0]:>9s} {cols[1]:>9s} {'GFLOP/s':>15s} {'speed-up':>9s}")
     rng = np.random.default_rng(0)
@@ -171,7 +171,8 @@ def sparse_main(args):
         sys.exit(f"--sparse: tile_sparse.py's path {blas.SPARSE_STATUS}")
     limit_threads(1)
     from cubedqn import tile_sparse
-    print(f"the tile (cubedqn/tile_gemm.py), one thread, with tile_sparse.py's path off and on (lists taken up to "
+    isa = "AVX-512" if blas.tile_gemm.AVX512 else "AVX2"
+    print(f"the tile (cubedqn/tile_gemm.py, {isa}), one thread, with tile_sparse.py's path off and on (lists taken up to "
           f"{tile_sparse.FILL_MAX:.2f} of K); op(A) with the given fraction of nonzeros; medians of {args.rounds} "
           f"alternating rounds, us per product")
     print(f"{'product':<40s} {'M x K x N':>22s} {'fill':>5s} {'listed':>6s} {'dense':>9s} {'sparse':>9s} "

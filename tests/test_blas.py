@@ -343,7 +343,7 @@ def test_bias_relu_is_left_to_the_caller_where_the_tile_does_not_take_it():
         assert _bias_relu_jit(a, b, bias, out, True) == blas.TILE  # this one it takes where it is bound
 
 
-# --- tile_sparse.py: the tile's path for a left operand with many zeros (AVX-512)
+# --- tile_sparse.py: the tile's path for a left operand with many zeros (AVX-512 or AVX2)
 
 needs_sparse = pytest.mark.skipif(blas.SPARSE_STATUS is not None, reason=f"tile_sparse: {blas.SPARSE_STATUS}")
 
@@ -386,7 +386,7 @@ def test_sparse_path_gives_the_dense_loops_bits(m, n, k, trans_a, trans_b, fill,
     for on in (False, True):
         with blas.tile_sparse_as(on):
             outs[on] = [blas._product(_tile(), m, n, k, ta, tb, a, b)]
-            if not (trans_a or trans_b):
+            if not (trans_a or trans_b) and blas.tile_gemm.takes(m, n, k, bias=True):  # AVX2: K <= 256
                 for relu in (0, 1):
                     got = np.full((m, n + 1), np.nan, np.float32)
                     assert _bias_tile()(m, n, k, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1],
@@ -401,10 +401,11 @@ def test_sparse_path_takes_mostly_zero_products_and_leaves_full_ones(one_blas_th
     """Which path ran shows where B has an inf in a row that every row of A multiplies by
     zero: the dense loops make NaN of 0 * inf, the sparse path never reads that row. Lists
     of about a third of K (a pair's union at 0.2 nonzeros) take it; past FILL_MAX (0.95
-    nonzeros) the dense loops run; N not a whole number of 64-column panels, or the
-    switch off, likewise."""
+    nonzeros) the dense loops run; N not a whole number of panels (64 columns, 32 with
+    AVX2), or the switch off, likewise."""
     rng = np.random.default_rng(8)
-    for fill, n, on, sparse in ((0.2, 128, True, True), (0.95, 128, True, False), (0.2, 96, True, False),
+    part = 128 + blas.tile_gemm.tile_sparse.PANEL // 2
+    for fill, n, on, sparse in ((0.2, 128, True, True), (0.95, 128, True, False), (0.2, part, True, False),
                                 (0.2, 128, False, False)):
         a = (rng.random((64, 100)) < fill).astype(np.float32)
         a[:, 7] = 0
@@ -441,7 +442,7 @@ def test_sparse_switch_is_a_one_line_cli_error_when_unknown(tmp_path):
 @needs_sparse
 @pytest.mark.parametrize("by_rows", [True, False])
 def test_team_splits_sparse_products_by_rows_with_the_same_bits(by_rows):
-    """While the sparse path is on, the GEMM team splits the products of whole 64-column
+    """While the sparse path is on, the GEMM team splits the products of whole
     panels by rows (each chunk lists only its own rows), with it off by columns; either way
     the bits of one thread's product (forward with bias and ReLU, dW with A transposed, dx
     with B transposed; an odd row count), and the team did split them."""
@@ -482,3 +483,24 @@ def test_team_splits_sparse_products_by_rows_with_the_same_bits(by_rows):
             limit_threads(1)
     for x, y in zip(shared, alone):
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.skipif(not (blas.TILE and blas.tile_gemm.AVX512),
+                    reason="the AVX2 tile is this CPU's own (or there is no tile): the tests above ran it")
+def test_avx2_tile_and_its_sparse_path_pass_these_tests_on_an_avx512_cpu():
+    """CUBEDQN_TILE_GEMM=avx2 builds the AVX2 code (the 6 x 16 tile, tile_sparse.py's
+    8-lane lists of 32-column panels) where the CPU has AVX-512, as on most laptops' CPUs:
+    in a process of its own, profile's BLAS line names it, and this file's tests and the
+    team's pass with it (this one skipping itself there)."""
+    env = dict(os.environ, CUBEDQN_TILE_GEMM="avx2")
+    probe = ("from cubedqn import blas, tile_sparse\nfrom cubedqn.profiling import blas_info, describe_tile\n"
+             "print(blas.tile_gemm.LANES, tile_sparse.LANES, tile_sparse.PANEL, blas.SPARSE_STATUS, "
+             "describe_tile(blas_info()))")
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["8", "8", "32", "None", "on", "(AVX2)"]
+    tests = os.path.dirname(__file__)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+                        os.path.join(tests, "test_team.py")], env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert " passed" in r.stdout.splitlines()[-1]
