@@ -204,26 +204,28 @@ def _operand(x):
     return 0, 0
 
 
-def gemm_bias_relu(a, b, bias, out, relu):
+def gemm_bias_relu(a, b, bias, out, relu, halves=False):
     """out = a @ b + bias, then ReLU if relu, in one pass where the tile GEMM takes the
-    product; returns whether it did (if not, nothing was touched). From Python: False."""
+    product; returns whether it did (if not, nothing was touched). halves: a's row i is
+    much like its row i + m/2 (the online forward's s and s'), which tile_sparse.py's lists
+    then pair (tile_gemm.TILE_BIAS; the same bits). From Python: False."""
     return False
 
 
 @overload(gemm_bias_relu, jit_options={"nogil": True})
-def _gemm_bias_relu_overload(a, b, bias, out, relu):
+def _gemm_bias_relu_overload(a, b, bias, out, relu, halves=False):
     if not (a.ndim == b.ndim == out.ndim == 2 and bias.ndim == 1 and
             a.dtype == b.dtype == out.dtype == bias.dtype == types.float32 and
             a.layout == b.layout == out.layout == "C" and bias.layout == "C"):
-        def not_here(a, b, bias, out, relu):
+        def not_here(a, b, bias, out, relu, halves=False):
             return False
         return not_here
 
-    def via_tile(a, b, bias, out, relu):
+    def via_tile(a, b, bias, out, relu, halves=False):
         m, k = a.shape
         n = b.shape[1]
         return _sgemm_bias(m, n, k, a.ctypes, a.strides[0] // 4, b.ctypes, b.strides[0] // 4, out.ctypes,
-                           out.strides[0] // 4, bias.ctypes, 1 if relu else 0) != 0
+                           out.strides[0] // 4, bias.ctypes, (1 if relu else 0) | (2 if halves else 0)) != 0
     return via_tile
 
 

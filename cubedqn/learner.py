@@ -184,12 +184,12 @@ def copy_rows(src, dst, row0):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, dueling, stamps, k):
+def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, dueling, stamps, k, halves):
     """MLP.forward_ws inside the fused step: Q-values of the first `rows` input rows into q;
     stamps[k] after the first layer, stamps[k + 1] after the GEMM layers (and dueling head)."""
     mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel, groups)
     stamp(stamps, k)
-    mlp_forward_upper(Ws, bs, acts, rows)
+    mlp_forward_upper(Ws, bs, acts, rows, halves)
     if dueling:
         dueling_forward(acts[-1][:rows], q[:rows])
     stamp(stamps, k + 1)
@@ -277,9 +277,11 @@ def fused_sampled_step(s):
         copy_rows(idx_t[:n], idx, n)
         copy_rows(x_t[:n], x, n)
     stamp(stamps, np.int64(1))
-    forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps, np.int64(2))
+    forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps, np.int64(2),
+                    np.bool_(False))
+    # double: rows s, then s' (a state and its successor share more of their zeros: halves)
     forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n if double else n, panel, groups, dueling, stamps,
-                    np.int64(4))
+                    np.int64(4), double)
     sampled_targets(q[n:2 * n] if double else q_t[:n], q_t[:n], b_rewards, b_dones, b_discounts, double, y)
     actions_to_canonical(b_actions, rot, act_map, actions_c)
     loss = loss_taken(q[:n], actions_c, y, weights, scale, loss_kind, dq, td, n)
@@ -707,7 +709,7 @@ class Learner:
             laps.lap("encode")
             q_next_t = tg.forward_ws(wt, m, laps)
             if self.targets == "double":
-                q_all = on.forward_ws(ws, 2 * m, laps)
+                q_all = on.forward_ws(ws, 2 * m, laps, halves=True)
                 q, q_next_on = q_all[:m], q_all[m:]
             else:
                 q = on.forward_ws(ws, m, laps)

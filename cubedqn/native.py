@@ -116,8 +116,9 @@ def sgemm_type():
 
 
 def bias_gemm_type():
-    """i64 (m, n, k, a, lda, b, ldb, c, ldc, bias, relu): C = A @ B + bias (ReLU if relu),
-    1 when done, 0 where left to the caller (tile_gemm.TILE_BIAS, team.TEAM_BIAS)."""
+    """i64 (m, n, k, a, lda, b, ldb, c, ldc, bias, relu): C = A @ B + bias (ReLU if relu & 1;
+    relu & 2 a hint, tile_gemm.TILE_BIAS), 1 when done, 0 where left to the caller
+    (tile_gemm.TILE_BIAS, team.TEAM_BIAS)."""
     i64, fp = ir.IntType(64), ir.FloatType().as_pointer()
     return ir.FunctionType(i64, [i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64])
 

@@ -840,9 +840,10 @@ def _compact_sums_shared_overload(dout, G, starts, terms, n_rows):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def dense_forward(x, W, b, out, relu):
-    """x (B,in), W (in,out), b (out,) -> out (B,out) = x @ W + b, then ReLU if relu."""
-    if gemm_bias_relu(x, W, b, out, relu):  # the tile GEMM, bias and ReLU in its stores
+def dense_forward(x, W, b, out, relu, halves):
+    """x (B,in), W (in,out), b (out,) -> out (B,out) = x @ W + b, then ReLU if relu.
+    halves: x's rows i and i + B/2 are alike (blas.gemm_bias_relu's hint)."""
+    if gemm_bias_relu(x, W, b, out, relu, halves):  # the tile GEMM, bias and ReLU in its stores
         return
     gemm(x, W, out)
     n, h = out.shape
@@ -953,15 +954,17 @@ def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel, groups):
     if sparse:
         sparse_forward_panels(idx[:rows], Ws[0], bs[0], acts[0][:rows], L > 1, panel, groups)
     else:
-        dense_forward(x[:rows], Ws[0], bs[0], acts[0][:rows], L > 1)
+        dense_forward(x[:rows], Ws[0], bs[0], acts[0][:rows], L > 1, np.bool_(False))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mlp_forward_upper(Ws, bs, acts, rows):
-    """Layers 1 .. L-1 (one GEMM each) from acts[0] to the head acts[-1]."""
+def mlp_forward_upper(Ws, bs, acts, rows, halves):
+    """Layers 1 .. L-1 (one GEMM each) from acts[0] to the head acts[-1]. halves: the rows
+    are s, then s' (the online forward of a double-DQN step), whose hidden rows i and
+    i + rows/2 share more zeros than neighbours do (see blas.gemm_bias_relu)."""
     L = len(Ws)
     for l in range(1, L):
-        dense_forward(acts[l - 1][:rows], Ws[l], bs[l], acts[l][:rows], l < L - 1)
+        dense_forward(acts[l - 1][:rows], Ws[l], bs[l], acts[l][:rows], l < L - 1, halves)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -1068,13 +1071,14 @@ class MLP:
     def workspace(self, rows: int, groups=None) -> Workspace:
         return Workspace(self.layout, rows, self.dtype, dense_input=not self.sparse, groups=groups)
 
-    def forward_ws(self, ws: Workspace, rows: int, laps=None):
+    def forward_ws(self, ws: Workspace, rows: int, laps=None, halves=False):
         """Q-values of the workspace's first `rows` input rows. laps (learner.Laps), if given,
-        is told when the first layer and when the GEMM layers are done."""
+        is told when the first layer and when the GEMM layers are done; halves: rows i and
+        i + rows/2 are a state and its successor (mlp_forward_upper)."""
         mlp_forward_first(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows, ws.panel, ws.groups)
         if laps is not None:
             laps.lap("first layer")
-        mlp_forward_upper(self.Ws, self.bs, ws.acts, rows)
+        mlp_forward_upper(self.Ws, self.bs, ws.acts, rows, bool(halves))
         if self.layout.dueling:
             dueling_forward(ws.acts[-1][:rows], ws.q[:rows])
         if laps is not None:

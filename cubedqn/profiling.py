@@ -251,11 +251,14 @@ def gemm_layers_rate(trainer, parts, children_per_step=None) -> dict:
             "gemm_layers_gflops": flops / (f_ms + b_ms) / 1e6}
 
 
-def listed_fraction(op_a) -> float:
+def listed_fraction(op_a, halves=False) -> float:
     """tile_sparse.py's lists for C = op(A) @ B: the k where either row of a pair of op(A)'s
-    rows (0 and 1, 2 and 3, ...; an odd last row alone) is nonzero, as a fraction of K, i.e.
-    of the dense loops' multiply-adds."""
+    rows (0 and 1, 2 and 3, ...; an odd last row alone; with halves and an even count, i and
+    i + M/2) is nonzero, as a fraction of K, i.e. of the dense loops' multiply-adds."""
     nz = np.asarray(op_a) != 0
+    if halves and nz.shape[0] % 2 == 0:
+        half = nz.shape[0] // 2
+        return float((nz[:half] | nz[half:]).mean()) if nz.size else 1.0
     if nz.shape[0] % 2:
         nz = np.vstack([nz, np.zeros((1, nz.shape[1]), bool)])
     return float((nz[0::2] | nz[1::2]).mean()) if nz.size else 1.0
@@ -275,19 +278,21 @@ def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
     # the tile takes no product while the library runs on several threads (no team)
     on = blas.tile_sparse_on() and (blas.team_workers() > 0 or threads.gemm_threads() == 1)
 
-    def product(op_a, n, trans_a=False, trans_b=False):
+    def product(op_a, n, trans_a=False, trans_b=False, halves=False):
         m, k = op_a.shape
         dense = 2.0 * m * n * k
         if not on or n % tile_sparse.PANEL or not tile_gemm.takes(m, n, k, trans_a, trans_b, bias=not (trans_a or
                                                                                                       trans_b)):
             return dense, dense
-        f = listed_fraction(op_a)
+        f = listed_fraction(op_a, halves)
         return (dense * f if f <= tile_sparse.FILL_MAX else dense), dense
 
     done = dense = 0.0
     parts = []
     for l in range(1, L):
-        parts.append(product(ws.acts[l - 1][:int(rows_online / scale)], w[l + 1]))
+        # double targets: the online rows are s, then s', paired by halves (mlp_forward_upper)
+        parts.append(product(ws.acts[l - 1][:int(rows_online / scale)], w[l + 1],
+                             halves=learner.targets == "double"))
         parts.append(product(wt.acts[l - 1][:int(min(rows_target / scale, wt.rows))], w[l + 1]))
     for l in range(1, L):
         if l == L - 1 and len(learner.head_taken) > 0:

@@ -98,9 +98,12 @@ from .native import (bias_gemm_type, counted_loop, declare, flag_with_setter, ho
                      tile_avx512, transpose_rows, zero_or_loaded)
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
-# i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu, as
+# i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu & 1, as
 # TILE does for A and B as they are; returns 1, or 0 (nothing done) where TILE would leave
-# the product to the library (then the caller runs the GEMM and its own bias pass)
+# the product to the library (then the caller runs the GEMM and its own bias pass). relu & 2:
+# a hint for tile_sparse.py, whose lists then pair row i with row i + M/2 (M even), not its
+# neighbour: the online forward's rows are s, then s', and a state's rows are alike with its
+# successor's (the same bits whichever rows are paired)
 TILE_BIAS = "cubedqn_tile_sgemm_bias"
 THREADS = "cubedqn_blas_threads"  # int (): the library's thread count now (blas.py binds it)
 # void (i32): 1 sends every product TILE and TILE_BIAS are given to tile_bf16.BF16, 0 (the
@@ -275,9 +278,11 @@ def _emit(mod, epilogue, bf16=None, sparse=None):
     a_rule = None
     if epilogue:
         fn = ir.Function(mod, bias_gemm_type(), name=TILE_BIAS)
-        M, N, K, A, lda, B, ldb, C, ldc, bias, relu = fn.args
+        M, N, K, A, lda, B, ldb, C, ldc, bias, relu_word = fn.args
         ta = tb = c32(NO_TRANS)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        # the relu word (bias_gemm_type): bit 0 the ReLU, bit 1 the sparse path's pairing hint
+        relu, halves = b.and_(relu_word, c64(1)), b.and_(b.lshr(relu_word, c64(1)), c64(1))
         trans = b_trans = ir.Constant(ir.IntType(1), 0)
         conds = [b.icmp_signed("<=", b.call(library_threads, []), c32(1)), b.icmp_signed(">=", K, c64(1)),
                  b.icmp_signed("<=", K, c64(K_MAX)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1))]
@@ -330,7 +335,7 @@ def _emit(mod, epilogue, bf16=None, sparse=None):
         m = b.select(b.icmp_signed("<", left, c64(size)), left, c64(size))
         a_i0, c_i0 = b.gep(A, [b.mul(i0, a_step)]), b.gep(C, [b.mul(i0, ldc)])
         if epilogue:
-            b.call(fn, [m, N, K, a_i0, lda, B, ldb, c_i0, ldc, bias, relu])
+            b.call(fn, [m, N, K, a_i0, lda, B, ldb, c_i0, ldc, bias, relu_word])
         else:
             b.call(fn, [order, ta, tb, m, N, K, alpha, a_i0, lda, B, ldb, beta, c_i0, ldc])
         close_i0()
@@ -367,10 +372,10 @@ def _emit(mod, epilogue, bf16=None, sparse=None):
         b.position_at_end(try_bb)
         done_bb = fn.append_basic_block("sparse.done")
         if epilogue:
-            args = list(fn.args) + [c64(0), c64(0)]
+            args = list(fn.args[:-1]) + [relu, c64(0), c64(0), halves]
         else:
             args = [M, N, K, A, lda, B, ldb, C, ldc, ir.Constant(f32.as_pointer(), None), c64(0), b.zext(trans, i64),
-                    b.zext(b_trans, i64)]
+                    b.zext(b_trans, i64), c64(0)]
         b.cbranch(b.icmp_signed("!=", b.call(sparse, args), c64(0)), done_bb, dense_bb)
         b.position_at_end(done_bb)
         b.ret(c64(1)) if epilogue else b.ret_void()

@@ -11,7 +11,13 @@ delta masked by a ReLU (B^T): about half zeros in a net at initialisation, two t
 in the 2x2x2 preset's after a minute of training. It returns 1, or 0 without touching C
 where A is too full for it to pay (FILL_MAX, below); the tile's dense loops then run.
 
-How: C's rows in pairs, listed in blocks of ROW_BLOCK rows and K_BLOCK values of k. For
+How: C's rows in pairs, listed in blocks of ROW_BLOCK rows and K_BLOCK values of k. A
+pair is two neighbouring rows, or, where the caller says the rows are alike by halves
+(TILE_BIAS's relu word, bit 1; A as is, M even), row i and row i + M/2: the online
+forward of a double-DQN step runs s, then s', and a state's hidden rows share more of
+their zeros with its successor's than with the next sampled state's (unions of 0.66 of K
+against 0.73 at initialisation; that product 1.07-1.11x, runs/perf46/pairing_time.txt).
+The pairing changes which k a pair lists, never a result. For
 each pair and block of k, the k where either row's a[k] is nonzero are listed once,
 LANES k at a time: k as an offset into B's panel, and both rows' values. AVX-512 packs
 a vector's listed lanes with its compress instruction; AVX2 has none, so the lane mask
@@ -68,11 +74,13 @@ NAME = "cubedqn_tile_sparse"
 
 
 def function_type():
-    """i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu, a_trans, b_trans): C = op(A) @ op(B)
-    (+ bias, then ReLU if relu, where bias is not null), row-major, op(X) = X^T where its flag
-    is nonzero; 1 when done, 0 (C untouched) where the lists would be too long."""
+    """i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu, a_trans, b_trans, halves): C =
+    op(A) @ op(B) (+ bias, then ReLU if relu, where bias is not null), row-major, op(X) =
+    X^T where its flag is nonzero; halves nonzero (A as is, M even): row i listed with row
+    i + M/2, not with its neighbour (the same bits either way); 1 when done, 0 (C untouched)
+    where the lists would be too long."""
     i64, fp = ir.IntType(64), ir.FloatType().as_pointer()
-    return ir.FunctionType(i64, [i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64, i64, i64])
+    return ir.FunctionType(i64, [i64, i64, i64, fp, i64, fp, i64, fp, i64, fp, i64, i64, i64, i64])
 
 
 def emit(mod):
@@ -95,7 +103,7 @@ def emit(mod):
             for m in range(1 << LANES)])
     fn = ir.Function(mod, function_type(), name=NAME)
     fn.linkage = "internal"
-    M, N, K, A, lda, B, ldb, C, ldc, bias, relu, a_trans, b_trans = fn.args
+    M, N, K, A, lda, B, ldb, C, ldc, bias, relu, a_trans, b_trans, halves = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
 
     def c64(v):
@@ -144,6 +152,20 @@ def emit(mod):
     a_t, b_t = b.icmp_signed("!=", a_trans, c64(0)), b.icmp_signed("!=", b_trans, c64(0))
     has_bias = b.icmp_unsigned("!=", b.ptrtoint(bias, i64), c64(0))
     relu_on = b.and_(has_bias, b.icmp_signed("!=", relu, c64(0)))
+    # pair g's rows: g * step and g * step + dist, the second only where it is below M
+    # (neighbours: step 2, dist 1; halves: step 1, dist M / 2)
+    by_halves = b.and_(b.icmp_signed("!=", halves, c64(0)),
+                       b.and_(b.not_(a_t), b.icmp_signed("==", b.srem(M, c64(2)), c64(0))))
+    step = b.select(by_halves, c64(1), c64(2))
+    dist = b.select(by_halves, b.sdiv(M, c64(2)), c64(1))
+    n_pairs = b.sdiv(b.add(M, c64(1)), c64(2))
+
+    def pair_rows(g):
+        """(first row, second row or the first where there is none, whether there is one)."""
+        r0 = b.mul(g, step)
+        r1 = b.add(r0, dist)
+        second = b.icmp_signed("<", r1, M)
+        return r0, b.select(second, r1, r0), second
 
     def nonzero(v):
         return b.fcmp_unordered("!=", v, zero)  # a NaN counts: the dense product would carry it
@@ -164,15 +186,12 @@ def emit(mod):
         b.store(packed[2], vptr(offsets, at, ivec), align=4)
         return b.add(pos, b.zext(b.call(popcount, [b.bitcast(m, bits)]), i64))
 
-    def list_rows(i0, rb, k0, kn):
-        """Pair p's list (p < ceil(rb / 2)) of op(A)'s rows i0 + 2p, i0 + 2p + 1 (a row past rb
+    def list_rows(g0, pairs, k0, kn):
+        """Pair p's list (p < pairs) of op(A)'s rows pair_rows(g0 + p) (a missing second row
         reads as zero) over k in [k0, k0 + kn); returns the sum of the lists' lengths.
         A as is: each pair's two rows, LANES k at a time (the last vector masked)."""
-        pairs = b.sdiv(b.add(rb, c64(1)), c64(2))
         p, (total,), close_p = loop(c64(0), pairs, 1, "list", [c64(0)])
-        second = b.icmp_signed("<", b.add(b.mul(p, c64(2)), c64(1)), rb)
-        r0 = b.add(i0, b.mul(p, c64(2)))
-        r1 = b.select(second, b.add(r0, c64(1)), r0)
+        r0, r1, second = pair_rows(b.add(g0, p))
 
         def loads(k, mask):
             v0 = load_floats(b, A, b.add(b.mul(r0, lda), b.add(k0, k)), LANES, mask)
@@ -247,22 +266,23 @@ def emit(mod):
         branches(b_t, "copy", transposed, as_is)
 
     n_kb = b.sdiv(b.add(K, c64(K_BLOCK - 1)), c64(K_BLOCK))
-    i0, _, close_i0 = loop(c64(0), b.add(M, c64(ROW_BLOCK - 1)), ROW_BLOCK, "rows")
+    g0, _, close_g0 = loop(c64(0), b.add(n_pairs, c64(ROW_BLOCK // 2 - 1)), ROW_BLOCK // 2, "pairs")
+    pairs = smin(b.sub(n_pairs, g0), c64(ROW_BLOCK // 2))
+    i0 = b.mul(g0, c64(2))  # A transposed: always neighbours, the block's rows from i0
     rb = smin(b.sub(M, i0), c64(ROW_BLOCK))
-    pairs = b.sdiv(b.add(rb, c64(1)), c64(2))
     kb, _, close_kb = loop(c64(0), n_kb, 1, "kb")
     k0 = b.mul(kb, c64(K_BLOCK))
     kn = smin(b.sub(K, k0), c64(K_BLOCK))
     first, last = b.icmp_signed("==", kb, c64(0)), b.icmp_signed("==", kb, b.sub(n_kb, c64(1)))
 
-    (listed,) = branches(a_t, "lists", lambda: [list_columns(i0, rb, k0, kn)], lambda: [list_rows(i0, rb, k0, kn)],
-                         [i64])
+    (listed,) = branches(a_t, "lists", lambda: [list_columns(i0, rb, k0, kn)],
+                         lambda: [list_rows(g0, pairs, k0, kn)], [i64])
     # the first block of rows and of k decides, before C is touched: lists past FILL_MAX of
     # k leave the product to the dense tile
     too_long = b.icmp_signed(">", listed, b.fptosi(b.fmul(b.sitofp(b.mul(pairs, kn), ir.DoubleType()),
                                                           ir.Constant(ir.DoubleType(), FILL_MAX)), i64))
     give_up, go_on = fn.append_basic_block("dense"), fn.append_basic_block("sparse")
-    b.cbranch(b.and_(b.icmp_signed("==", i0, c64(0)), b.and_(first, too_long)), give_up, go_on)
+    b.cbranch(b.and_(b.icmp_signed("==", g0, c64(0)), b.and_(first, too_long)), give_up, go_on)
     b.position_at_end(give_up)
     b.ret(c64(0))
     b.position_at_end(go_on)
@@ -274,14 +294,14 @@ def emit(mod):
     bias_v = [b.load(vptr(bias_at, b.add(j0, c64(v * LANES))), align=4) for v in range(NV)]
     p, _, close_p = loop(c64(0), pairs, 1, "pair")
     at = b.mul(p, c64(ROW_SLOTS))
-    second = b.icmp_signed("<", b.add(b.mul(p, c64(2)), c64(1)), rb)
-    rows = [b.add(i0, b.mul(p, c64(2))), b.add(i0, b.add(b.mul(p, c64(2)), c64(1)))]
+    r0, r1, second = pair_rows(b.add(g0, p))
+    rows = [r0, r1]  # a missing second row: the first's (read, never stored)
 
     def load_c():
         out = []
         for t in range(2):
-            row = b.select(second, rows[t], rows[0])  # a missing second row reads the first's
-            out += [b.load(vptr(C, b.add(b.add(b.mul(row, ldc), j0), c64(v * LANES))), align=4) for v in range(NV)]
+            out += [b.load(vptr(C, b.add(b.add(b.mul(rows[t], ldc), j0), c64(v * LANES))), align=4)
+                    for v in range(NV)]
         return out
 
     init = zero_or_loaded(b, first, load_c, zero, "acc")
@@ -310,6 +330,6 @@ def emit(mod):
     close_p()
     close_j()
     close_kb()
-    close_i0()
+    close_g0()
     b.ret(c64(1))
     return fn

@@ -36,8 +36,8 @@ SHAPES = {"small": ("cube2", (256, 256), 64, 50), "large": ("cube3", (1024, 512)
 def gemm_layers(Ws, bs, Wt, bt, acts, deltas, acts_t, dWs, dbs, taken, head_t, m, n):
     """The step's GEMM-layer calls: target forward on m rows, online forward on 2m, backward on m."""
     for _ in range(n):
-        mlp_forward_upper(Wt, bt, acts_t, m)
-        mlp_forward_upper(Ws, bs, acts, 2 * m)
+        mlp_forward_upper(Wt, bt, acts_t, m, np.bool_(False))
+        mlp_forward_upper(Ws, bs, acts, 2 * m, np.bool_(True))
         mlp_backward_upper(Ws, acts, deltas, dWs, dbs, m, taken, head_t)
 
 

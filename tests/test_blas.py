@@ -418,6 +418,47 @@ def test_sparse_path_takes_mostly_zero_products_and_leaves_full_ones(one_blas_th
 
 
 @needs_sparse
+@pytest.mark.parametrize("m,n,k", [(64, 256, 256), (128, 64, 40), (2, 64, 17), (65, 128, 130), (300, 64, 33)])
+def test_sparse_path_pairing_rows_by_halves_gives_the_dense_loops_bits(m, n, k, one_blas_thread):
+    """The relu word's bit 1 (rows i and i + m/2 listed together, where m is even; an odd
+    m keeps neighbours): with and without the ReLU, the bits of the dense loops."""
+    rng = np.random.default_rng(m + 7 * k)
+    a = np.abs(rng.standard_normal((m, k))).astype(np.float32) * (rng.random((m, k)) < 0.4)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for relu in (0, 1):
+        outs = []
+        for on, word in ((False, relu), (True, relu | 2)):
+            got = np.full((m, n + 1), np.nan, np.float32)
+            with blas.tile_sparse_as(on):
+                assert _bias_tile()(m, n, k, a.ctypes.data, k, b.ctypes.data, n, got.ctypes.data, n + 1,
+                                    bias.ctypes.data, word) == 1
+            outs.append(got)
+        np.testing.assert_array_equal(outs[1], outs[0])
+
+
+@needs_sparse
+def test_sparse_path_pairs_row_i_with_row_i_plus_half_when_told(one_blas_thread):
+    """Which rows were paired shows where B's row 7 holds an inf and A's column 7 is zero in
+    the even rows, nonzero in the odd: a pair lists k = 7 where either row is nonzero, and
+    then 0 * inf makes the even row's column NaN. Neighbours (2p, 2p + 1): every even row
+    NaN; halves (i, i + 32, both even or both odd): none."""
+    rng = np.random.default_rng(11)
+    m, n, k = 64, 64, 100
+    a = (rng.random((m, k)) < 0.2).astype(np.float32)
+    a[0::2, 7], a[1::2, 7] = 0, 1
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    b[7, 3] = np.inf
+    bias = np.zeros(n, np.float32)
+    for word, even_nan in ((0, True), (2, False)):
+        got = np.zeros((m, n), np.float32)
+        assert _bias_tile()(m, n, k, a.ctypes.data, k, b.ctypes.data, n, got.ctypes.data, n, bias.ctypes.data,
+                            word) == 1
+        assert np.isnan(got[0::2, 3]).all() == even_nan and np.isfinite(got[0::2, 3]).all() == (not even_nan)
+        assert np.isinf(got[1::2, 3]).all()  # the odd rows multiply the inf by 1
+
+
+@needs_sparse
 def test_sparse_path_carries_a_nan_in_a_as_the_dense_loops_do(one_blas_thread):
     rng = np.random.default_rng(9)
     a = np.abs(rng.standard_normal((10, 64))).astype(np.float32) * (rng.random((10, 64)) < 0.3)

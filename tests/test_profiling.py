@@ -30,6 +30,10 @@ def test_listed_fraction_counts_a_pairs_union_of_nonzeros():
     assert listed_fraction(a) == 3 / 8
     assert listed_fraction(np.zeros((4, 6), np.float32)) == 0.0
     assert listed_fraction(np.ones((5, 6), np.float32)) == 1.0
+    b = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]], np.float32)
+    assert listed_fraction(b) == 4 / 6  # pairs (0, 1), (2, 3)
+    assert listed_fraction(b, halves=True) == 2 / 6  # pairs (0, 2), (1, 3)
+    assert listed_fraction(a, halves=True) == 3 / 8  # an odd count keeps neighbours
 
 
 @pytest.mark.parametrize("on", [False, True])

@@ -90,7 +90,7 @@ def test_sparse_layer_matches_cpu():
 def test_dense_layer_matches_cpu():
     x, W, b = np.maximum(f32(4, 6), 0), f32(6, 3), f32(3)
     out = np.empty((4, 3), np.float32)
-    dense_forward(x, W, b, out, True)
+    dense_forward(x, W, b, out, True, False)
     d_out = poisoned((4, 3))
     K.dense_forward_launch(dev(x), dev(W), dev(b), d_out, True)()
     np.testing.assert_allclose(d_out.copy_to_host(), out, rtol=1e-5, atol=1e-5)
