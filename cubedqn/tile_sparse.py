@@ -101,6 +101,8 @@ def emit(mod):
         orders.initializer = ir.Constant(ir.ArrayType(ivec, 1 << LANES), [
             ir.Constant(ivec, [j for j in range(LANES) if m >> j & 1] + [0] * (LANES - bin(m).count("1")))
             for m in range(1 << LANES)])
+    prefetch_fn = declare(mod, "llvm.prefetch.p0i8", ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32,
+                                                                                      i32, i32]))
     fn = ir.Function(mod, function_type(), name=NAME)
     fn.linkage = "internal"
     M, N, K, A, lda, B, ldb, C, ldc, bias, relu, a_trans, b_trans, halves = fn.args
@@ -108,6 +110,9 @@ def emit(mod):
 
     def c64(v):
         return ir.Constant(i64, v)
+
+    def i32c(v):
+        return ir.Constant(i32, v)
 
     def vptr(ptr, off, t=vec):
         return b.bitcast(b.gep(ptr, [off]), t.as_pointer())
@@ -238,13 +243,26 @@ def emit(mod):
             total = b.add(total, pos[q])
         return close_g([total])[0]
 
+    def prefetch(ptr, off):
+        b.call(prefetch_fn, [b.bitcast(b.gep(ptr, [off]), ir.IntType(8).as_pointer()), i32c(0), i32c(2), i32c(1)])
+
     def copy_panel(j0, k0, kn):
-        """op(B)[k0:k0+kn, j0:j0+PANEL] -> the panel (kn rows of PANEL floats)."""
+        """op(B)[k0:k0+kn, j0:j0+PANEL] -> the panel (kn rows of PANEL floats); the same
+        lines of the next panel (the next PANEL columns, else the next K block's first, else
+        this block of rows' first again, for the next) prefetched towards L2 as it goes: B is
+        a layer's weights, which a training step last touched a layer ago (L3)."""
+        more_j = b.icmp_signed("<", b.add(j0, c64(PANEL)), N)
+        nj = b.select(more_j, b.add(j0, c64(PANEL)), c64(0))
+        nk = b.select(more_j, k0, b.add(k0, c64(K_BLOCK)))
+        nk = b.select(b.icmp_signed("<", nk, K), nk, c64(0))
+
         def as_is():
             k, _, close_k = loop(c64(0), kn, 1, "copy")
             for v in range(NV):
                 row = b.load(vptr(B, b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(v * LANES)))), align=4)
                 b.store(row, vptr(panel, b.add(b.mul(k, c64(PANEL)), c64(v * LANES))), align=64)
+            for line in range(0, PANEL, 16):
+                prefetch(B, b.add(b.mul(b.add(nk, k), ldb), b.add(nj, c64(line))))
             close_k()
             return []
 
@@ -253,6 +271,8 @@ def emit(mod):
             for g in range(NV):
                 rows = [b.load(vptr(B, b.add(b.mul(b.add(j0, c64(g * LANES + r)), ldb), b.add(k0, kc))), align=4)
                         for r in range(LANES)]
+                for r in range(LANES):
+                    prefetch(B, b.add(b.mul(b.add(nj, c64(g * LANES + r)), ldb), b.add(nk, kc)))
                 for c_, row in enumerate(transpose_rows(b, rows)):
                     b.store(row, vptr(panel, b.add(b.mul(b.add(kc, c64(c_)), c64(PANEL)), c64(g * LANES))), align=64)
             close_kc()
