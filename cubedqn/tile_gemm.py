@@ -15,7 +15,7 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               `scripts/bench_tile_gemm.py --library-threads 2` times): row-major, alpha 1,
               beta 0, N >= 8, B as is or transposed (input gradients: delta @ W^T), and
               either A as is with K <= K_MAX (forward layers: (B, in) @ (in, out);
-              K_MAX is 512, 1024 on Zen 4, 256 with AVX2) or A transposed with K <= 256
+              K_MAX is 512, 1024 on Zen 4 and with AVX2) or A transposed with K <= 256
               and M <= 256 or N <= LANES (weight gradients at batch <= 256: acts^T @
               delta; N <= 16, a Q head's, at any M: its 16-row groups read whole lines of
               A, each once). With AVX-512, A transposed, K <= 256 and M > 256 otherwise as above (the 3x3x3's
@@ -26,7 +26,7 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               cube3 step the backward GEMMs 150-265 us less).
   the library everything else: BLAS threads > 1 (with --threads T the GEMM team,
               team.py, keeps the library on one thread and calls this on column chunks); K > K_MAX (the 3x3x3's 1024-wide
-              layer outside Zen 4: 0.92-1.03x on Sapphire Rapids); a transposed A with
+              layer on AVX-512 CPUs other than Zen 4: 0.92-1.03x on Sapphire Rapids); a transposed A with
               K > 256 (1.0x); N < 8.
 
 How: for each 32 columns of C and each block of up to 256 values of k, it copies that
@@ -125,13 +125,19 @@ N_MIN = 8                   # narrower products stay with the library (a vector 
 # step; on a Sapphire Rapids-class host 0.92-1.03x, so the library keeps it there;
 # docs/performance-log.md)
 K_MAX_BY_CPU = {"znver4": 1024}
-# (AVX2: 256; at K = 512 the 6 x 16 tile ran 0.93-0.95x OpenBLAS on the Zen 3 host)
-K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512) if AVX512 else 256
+# AVX2: 1024 too, for tile_sparse.py's path, which is tried first and whose fallback must
+# be these loops (the same bits either way: the library's would differ): on the Zen 4 host
+# as AVX2 code against OpenBLAS's Haswell kernel, the cube3 net's K = 512 and 1024 products
+# ran 1.10-1.17x at half zeros, 1.55-1.63x at 0.3, the dense loops 0.93-0.96x (alone, hot,
+# runs/perf46/avx2_big_k.txt), and its Adam step 1.22-1.24x (avx2_kmax_ab.txt). Before the
+# sparse path AVX2 stopped at 256 (at K = 512 the 6 x 16 tile ran 0.93-0.95x OpenBLAS on
+# the Zen 3 host).
+K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512) if AVX512 else 1024
 # a transposed A is taken up to this K, and this many rows of C unless N <= LANES (the
 # 3x3x3 head's gradient, 512 x 256 x 12: 82 against 47 GFLOP/s for the library, Zen 4, hot)
 TRANS_A_MAX = 256
 # AVX2: a product with more rows of C than this is done a block of them at a time (each a
-# call of the tile), so that the block's rows of A (128 x K <= 256: 128 KB at most) stay in
+# call of the tile), so that the block's rows of A (128 x K: 128 KB at K = 256) stay in
 # L2 (512 KB a core on Zen 3) across B's panels of 16 columns; with the whole of A read once
 # per panel the preset's 1536 x 256 x 256 forward ran 0.91-0.97x OpenBLAS, 1.01-1.03x in
 # blocks of 128 (of 64: 0.81-1.01x). None: no such blocks (the 32-column panels read A half
