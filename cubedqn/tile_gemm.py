@@ -16,7 +16,7 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               beta 0, N >= 8, B as is or transposed (input gradients: delta @ W^T), and
               either A as is with K <= K_MAX (forward layers: (B, in) @ (in, out);
               K_MAX is 512, 1024 on Zen 4 and with AVX2) or A transposed with K <= 256
-              and M <= 256 or N <= LANES (weight gradients at batch <= 256: acts^T @
+              and M <= 256 (with AVX2 any M: TRANS_A_ROWS) or N <= LANES (weight gradients at batch <= 256: acts^T @
               delta; N <= 16, a Q head's, at any M: its 16-row groups read whole lines of
               A, each once). With AVX-512, A transposed, K <= 256 and M > 256 otherwise as above (the 3x3x3's
               1024 x 256 x 512 weight gradient), TILE calls itself on blocks of 256 rows
@@ -136,6 +136,12 @@ K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512) if AVX512 else 1024
 # a transposed A is taken up to this K, and this many rows of C unless N <= LANES (the
 # 3x3x3 head's gradient, 512 x 256 x 12: 82 against 47 GFLOP/s for the library, Zen 4, hot)
 TRANS_A_MAX = 256
+# ... in one call: with AVX-512, more rows go in blocks of TRANS_A_MAX (below, _emit); with
+# AVX2 any number, for tile_sparse.py's path, tried first (its dense fallback here: the
+# 3x3x3's 1024 x 256 x 512 weight gradient 1.17x OpenBLAS's Haswell kernel at half zeros,
+# 1.60x at 0.3, the dense loops 0.83x, as AVX2 code on the Zen 4 host,
+# runs/perf46/avx2_dw_big.txt; its Adam step 1.04x, avx2_dw_ab.txt)
+TRANS_A_ROWS = TRANS_A_MAX if AVX512 else 1 << 40
 # AVX2: a product with more rows of C than this is done a block of them at a time (each a
 # call of the tile), so that the block's rows of A (128 x K: 128 KB at K = 256) stay in
 # L2 (512 KB a core on Zen 3) across B's panels of 16 columns; with the whole of A read once
@@ -163,7 +169,7 @@ def takes(m, n, k, trans_a=False, trans_b=False, bias=False) -> bool:
         return False
     if bias or not trans_a:
         return k <= K_MAX
-    return k <= TRANS_A_MAX and (m <= TRANS_A_MAX or n <= LANES or AVX512)
+    return k <= TRANS_A_MAX  # more rows: AVX-512 in blocks of them, AVX2 whole (TRANS_A_ROWS)
 
 
 def has_bf16() -> bool:
@@ -302,7 +308,7 @@ def _emit(mod, epilogue, bf16=None, sparse=None):
                  b.icmp_signed(">=", K, c64(1)), b.icmp_signed(">=", N, c64(N_MIN)), b.icmp_signed(">=", M, c64(1)),
                  b.or_(b.icmp_signed("==", tb, c32(NO_TRANS)), b.and_(b_trans, b.icmp_signed("<=", K, c64(K_MAX))))]
         a_rule = b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
-                       b.and_(trans, b.and_(b.or_(b.icmp_signed("<=", M, c64(TRANS_A_MAX)),
+                       b.and_(trans, b.and_(b.or_(b.icmp_signed("<=", M, c64(TRANS_A_ROWS)),
                                                   b.icmp_signed("<=", N, c64(LANES))),
                                             b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))
     if bf16 is not None:  # the bf16 precision is on: every product the engine makes goes to BF16
