@@ -374,8 +374,9 @@ def _all_rows_and_one(sgemm, m, n, k, ta, tb, a, b):
     return [_product(sgemm, m, n, k, ta, tb, a, b, rows)[:rows, :n] for rows in (m, 1)]
 
 
-# the checks' deep K: two K blocks of the tile where it takes K past 256 (AVX-512), else the
-# longest it takes (so that the tile, not the library behind it, computes those products)
+# the checks' deep K: two K blocks of the tile where it takes K past 256 (every tile now: AVX2
+# takes K to 1024 since its sparse path), else the longest it takes (so that the tile, not the
+# library behind it, computes those products)
 DEEP_K = min(300, tile_gemm.K_MAX)
 
 

@@ -17,7 +17,7 @@ from cubedqn import blas
 from cubedqn.blas import NO_TRANS, ROW_MAJOR, TRANS, gemm
 from cubedqn.tile_gemm import K_MAX
 
-DEEP = blas.DEEP_K  # K in two blocks of the tile where it takes K past 256 (AVX-512), else its longest
+DEEP = blas.DEEP_K  # K in two blocks of the tile where it takes K past 256, else its longest
 
 # operands typed as non-contiguous compile np.dot's copying branch too, which numba warns about
 pytestmark = pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
