@@ -70,7 +70,7 @@ from numba import carray, cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from . import team, tile_bf16, tile_gemm
+from . import native, team, tile_bf16, tile_gemm
 
 SYMBOL = "cubedqn_sgemm64"
 # the bias-and-ReLU GEMM the kernels call (gemm_bias_relu): the team's, the tile's, or one
@@ -528,7 +528,7 @@ def _bind():
 # CUBEDQN_TILE_GEMM=0 leaves every product to the library (for side-by-side timings); 1
 # (default) lets tile_gemm take the ones it is faster on; avx2 too, with the AVX2 code on
 # an AVX-512 CPU (native.tile_avx512). Another value is reported by the CLI (exit 2).
-_TILE_ENV = os.environ.get("CUBEDQN_TILE_GEMM", "1").strip().lower()
+_TILE_ENV = native.tile_gemm_setting()
 TILE_PROBLEM = None if _TILE_ENV in ("0", "1", "avx2") else \
     f"CUBEDQN_TILE_GEMM={os.environ['CUBEDQN_TILE_GEMM']!r} is not one of: 0, 1, avx2"
 TILE_WANTED = _TILE_ENV != "0"

@@ -261,11 +261,17 @@ def host_has_avx2_fma() -> bool:
     return "+avx2" in features and "+fma" in features
 
 
+def tile_gemm_setting() -> str:
+    """CUBEDQN_TILE_GEMM as the code reads it ("1" unset): 0, 1 or avx2, else an error that
+    blas.py reports."""
+    return os.environ.get("CUBEDQN_TILE_GEMM", "1").strip().lower()
+
+
 def tile_avx512() -> bool:
     """Whether the tile GEMM's IR (tile_gemm.py, tile_sparse.py) is built for AVX-512: the
     CPU has it and CUBEDQN_TILE_GEMM is not "avx2", which builds the AVX2 code on an
-    AVX-512 CPU too (so that its tests and timings run there; blas.py checks the value)."""
-    return host_has_avx512() and os.environ.get("CUBEDQN_TILE_GEMM", "").strip().lower() != "avx2"
+    AVX-512 CPU too (so that its tests and timings run there)."""
+    return host_has_avx512() and tile_gemm_setting() != "avx2"
 
 
 def load_or_compile(stem, source_files, build_ir, symbols, extra_features=""):

@@ -268,11 +268,11 @@ def _emit_bf16_split(mod, bf16_fn):
     return fn
 
 
-def _emit(mod, epilogue, bf16=None, sparse=None):
-    """TILE (epilogue False) or TILE_BIAS into mod; bf16: (the function that runs
-    tile_bf16.BF16, split over threads where it pays, and its on flag) where the module has them;
-    sparse: (tile_sparse's function, its on flag), which both try first while the flag is set
-    on the products the tile takes whose columns are whole panels of it."""
+def _emit(mod, epilogue, sparse, bf16=None):
+    """TILE (epilogue False) or TILE_BIAS into mod; sparse: (tile_sparse's function, its on
+    flag), which both try first while the flag is set on the products the tile takes whose
+    columns are whole panels of it; bf16: (the function that runs tile_bf16.BF16, split over
+    threads where it pays, and its on flag) where the module has them."""
     i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec = ir.VectorType(f32, LANES)
     library = declare(mod, LIBRARY, sgemm_type())
@@ -376,22 +376,22 @@ def _emit(mod, epilogue, bf16=None, sparse=None):
         b.ret_void()
 
     b.position_at_end(tile_bb)
-    if sparse is not None:  # A with enough zeros (a ReLU's output): tile_sparse.py, else on here
-        sparse, sparse_on = sparse
-        try_bb, dense_bb = fn.append_basic_block("sparse.try"), fn.append_basic_block("dense")
-        b.cbranch(b.and_(b.icmp_signed("!=", b.load(sparse_on), c32(0)),
-                         b.icmp_signed("==", b.srem(N, c64(tile_sparse.PANEL)), c64(0))), try_bb, dense_bb)
-        b.position_at_end(try_bb)
-        done_bb = fn.append_basic_block("sparse.done")
-        if epilogue:
-            args = list(fn.args[:-1]) + [relu, c64(0), c64(0), halves]
-        else:
-            args = [M, N, K, A, lda, B, ldb, C, ldc, ir.Constant(f32.as_pointer(), None), c64(0), b.zext(trans, i64),
-                    b.zext(b_trans, i64), c64(0)]
-        b.cbranch(b.icmp_signed("!=", b.call(sparse, args), c64(0)), done_bb, dense_bb)
-        b.position_at_end(done_bb)
-        b.ret(c64(1)) if epilogue else b.ret_void()
-        b.position_at_end(dense_bb)
+    # A with enough zeros (a ReLU's output): tile_sparse.py, else on here
+    sparse_fn, sparse_on = sparse
+    try_bb, dense_bb = fn.append_basic_block("sparse.try"), fn.append_basic_block("dense")
+    b.cbranch(b.and_(b.icmp_signed("!=", b.load(sparse_on), c32(0)),
+                     b.icmp_signed("==", b.srem(N, c64(tile_sparse.PANEL)), c64(0))), try_bb, dense_bb)
+    b.position_at_end(try_bb)
+    done_bb = fn.append_basic_block("sparse.done")
+    if epilogue:
+        args = list(fn.args[:-1]) + [relu, c64(0), c64(0), halves]
+    else:
+        args = [M, N, K, A, lda, B, ldb, C, ldc, ir.Constant(f32.as_pointer(), None), c64(0), b.zext(trans, i64),
+                b.zext(b_trans, i64), c64(0)]
+    b.cbranch(b.icmp_signed("!=", b.call(sparse_fn, args), c64(0)), done_bb, dense_bb)
+    b.position_at_end(done_bb)
+    b.ret(c64(1)) if epilogue else b.ret_void()
+    b.position_at_end(dense_bb)
     if ROW_BLOCK:
         blocks_bb, one_bb = fn.append_basic_block("rows.l2"), fn.append_basic_block("rows.one")
         b.cbranch(b.icmp_signed(">", M, c64(ROW_BLOCK)), blocks_bb, one_bb)
