@@ -174,6 +174,17 @@ FUSED_PARTS = (("forward", "encode"), ("forward", "first layer"), ("forward", "G
 N_PARTS = len(FUSED_PARTS)
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def best_actions(q, out):
+    """out[i] = the first a with the largest q[i, a] (sampled_targets' choice for double)."""
+    for i in range(out.shape[0]):
+        best = 0
+        for a in range(1, q.shape[1]):
+            if q[i, a] > q[i, best]:
+                best = a
+        out[i] = best
+
+
 @njit(cache=True, nogil=True)
 def copy_rows(src, dst, row0):
     """dst[row0 + i] = src[i], element by element (see the note above cube.py's kernels:
@@ -184,12 +195,14 @@ def copy_rows(src, dst, row0):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, dueling, stamps, k, halves):
-    """MLP.forward_ws inside the fused step: Q-values of the first `rows` input rows into q;
-    stamps[k] after the first layer, stamps[k + 1] after the GEMM layers (and dueling head)."""
+def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, dueling, stamps, k, halves, picks,
+                    head_t):
+    """MLP.forward_ws inside the fused step: Q-values of the first `rows` input rows into q
+    (rows [0, len(picks)) only at picks[i]); stamps[k] after the first layer, stamps[k + 1]
+    after the GEMM layers (and dueling head)."""
     mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel, groups)
     stamp(stamps, k)
-    mlp_forward_upper(Ws, bs, acts, rows, halves)
+    mlp_forward_upper(Ws, bs, acts, rows, halves, picks, head_t[0])
     if dueling:
         dueling_forward(acts[-1][:rows], q[:rows])
     stamp(stamps, k + 1)
@@ -207,9 +220,9 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, duelin
 # (runs/perf37/struct_call.txt, struct_ab.txt).
 STEP_FIELDS = ("b_states", "b_next", "b_actions", "b_rewards", "b_dones", "b_discounts", "weights",
                "framed", "enc_sparse", "home_facelets", "colours", "frame_perm", "frame_cmap", "order", "act_map",
-               "states", "nxt", "rot", "rot_next", "actions_c", "head_taken",
+               "states", "nxt", "rot", "rot_next", "actions_c", "head_taken", "best_next",
                "sparse", "Ws", "bs", "idx", "x", "acts", "deltas", "q", "dq", "panel", "groups", "head_t",
-               "Wts", "bts", "idx_t", "x_t", "acts_t", "q_t", "panel_t", "groups_t",
+               "Wts", "bts", "idx_t", "x_t", "acts_t", "q_t", "panel_t", "groups_t", "head_tt",
                "double", "dueling", "y", "td", "scale", "loss_kind",
                "kind", "clip", "max_norm", "params", "grads", "gWs", "gbs", "m_state", "v_state", "slices",
                "mu", "b1", "b2", "eps", "wd", "opt_ctx", "stamps", "scalars")
@@ -240,8 +253,9 @@ def make_step_args(*fields):
 @njit(cache=True, nogil=True, error_model="numpy")
 def fused_sampled_step(s):
     """One gradient step on a batch of B transitions (s: a StepArgs; b_* are the batch's
-    fields, (B, S) states, (B,) the rest): encode s and s', target forward on s', online
-    forward on s (and s' for double), targets and loss, backward, clipped update with this
+    fields, (B, S) states, (B,) the rest): encode s and s', target forward on s' and online
+    forward on s (double: online on s and s' first, then target), targets and loss,
+    backward, clipped update with this
     step's learning rate and Adam's bias corrections (s.scalars: Optimizer.step_scalars in
     the buffer's dtype). The layers' weights and gradients (Ws, bs, Wts, bts, gWs, gbs) are
     views of params, the target's parameters and grads. Returns (loss, gradient norm before
@@ -251,11 +265,12 @@ def fused_sampled_step(s):
         s.b_states, s.b_next, s.b_actions, s.b_rewards, s.b_dones, s.b_discounts, s.weights)
     framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map = (
         s.framed, s.enc_sparse, s.home_facelets, s.colours, s.frame_perm, s.frame_cmap, s.order, s.act_map)
-    states, nxt, rot, rot_next, actions_c, head_taken = s.states, s.nxt, s.rot, s.rot_next, s.actions_c, s.head_taken
+    states, nxt, rot, rot_next, actions_c, head_taken, best_next = (
+        s.states, s.nxt, s.rot, s.rot_next, s.actions_c, s.head_taken, s.best_next)
     sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel, groups, head_t = (
         s.sparse, s.Ws, s.bs, s.idx, s.x, s.acts, s.deltas, s.q, s.dq, s.panel, s.groups, s.head_t)
-    Wts, bts, idx_t, x_t, acts_t, q_t, panel_t, groups_t = (
-        s.Wts, s.bts, s.idx_t, s.x_t, s.acts_t, s.q_t, s.panel_t, s.groups_t)
+    Wts, bts, idx_t, x_t, acts_t, q_t, panel_t, groups_t, head_tt = (
+        s.Wts, s.bts, s.idx_t, s.x_t, s.acts_t, s.q_t, s.panel_t, s.groups_t, s.head_tt)
     double, dueling, y, td, scale, loss_kind = s.double, s.dueling, s.y, s.td, s.scale, s.loss_kind
     kind, clip, max_norm, params, grads, gWs, gbs, m_state, v_state, slices = (
         s.kind, s.clip, s.max_norm, s.params, s.grads, s.gWs, s.gbs, s.m_state, s.v_state, s.slices)
@@ -276,14 +291,24 @@ def fused_sampled_step(s):
     if double:  # the online net's rows n..2n are the same inputs
         copy_rows(idx_t[:n], idx, n)
         copy_rows(x_t[:n], x, n)
-    stamp(stamps, np.int64(1))
-    forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps, np.int64(2),
-                    np.bool_(False))
-    # double: rows s, then s' (a state and its successor share more of their zeros: halves)
-    forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n if double else n, panel, groups, dueling, stamps,
-                    np.int64(4), double)
-    sampled_targets(q[n:2 * n] if double else q_t[:n], q_t[:n], b_rewards, b_dones, b_discounts, double, y)
     actions_to_canonical(b_actions, rot, act_map, actions_c)
+    stamp(stamps, np.int64(1))
+    # the online head's rows of s: only the taken action's value, where head_taken says so
+    # (Learner.head_taken); the target's rows of s': with double targets, only the value at
+    # the online net's choice (so the online forward goes first), else all (their max)
+    picks = head_taken[:n]
+    if double:  # rows s, then s' (a state and its successor share more of their zeros: halves)
+        forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n, panel, groups, dueling, stamps, np.int64(2), double,
+                        picks, head_t)
+        best_actions(q[n:2 * n], best_next[:picks.shape[0]])
+        forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps,
+                        np.int64(4), np.bool_(False), best_next[:picks.shape[0]], head_tt)
+    else:
+        forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps,
+                        np.int64(2), np.bool_(False), best_next[:0], head_tt)
+        forward_stamped(idx, x, sparse, Ws, bs, acts, q, n, panel, groups, dueling, stamps, np.int64(4), double,
+                        picks, head_t)
+    sampled_targets(q[n:2 * n] if double else q_t[:n], q_t[:n], b_rewards, b_dones, b_discounts, double, y)
     loss = loss_taken(q[:n], actions_c, y, weights, scale, loss_kind, dq, td, n)
     if dueling:
         dueling_backward(dq[:n], deltas[-1][:n])
@@ -483,6 +508,12 @@ class Learner:
         # where the loss's dq rows are zero but at the taken action (sampled targets, no
         # dueling head), the backward takes the head's gradient from them (mlp_backward_upper)
         self.head_taken = self.actions_c if targets != "all-actions" and not layout.dueling else self.actions_c[:0]
+        # ... and the forward gives those rows only their taken action's value (picks), and
+        # with double targets the target net's rows only the online net's choice, best_next
+        # (nn.head_forward_picked; not where the head is the first layer)
+        if layout.n_layers < 2:
+            self.head_taken = self.actions_c[:0]
+        self.best_next = np.zeros(micro, np.int64)
         self.Yc = np.zeros((micro, self.n_actions), self.dtype)
         # lazy first-layer update: the rows of W1 the batch touched and their gradients
         # (see nn.sparse_backward_compact)
@@ -627,9 +658,9 @@ class Learner:
             batch.weights if use_weights else self.ones,
             enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap,
             enc.sticker_order, enc.act_map,
-            self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c, self.head_taken,
+            self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c, self.head_taken, self.best_next,
             on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
-            ws.head_t, tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups,
+            ws.head_t, tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups, wt.head_t,
             self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size,
             self.loss_kind,
             kind, clip, max_norm, on.params, self.grads, self.gWs, self.gbs, opt.m, opt.v, opt.slices, mu, b1,
@@ -706,18 +737,24 @@ class Learner:
             if self.targets == "double":  # the online net's rows m..2m are the same inputs
                 ws.idx[m:2 * m] = wt.idx[:m]
                 ws.x[m:2 * m] = wt.x[:m]
+            actions_to_canonical(batch.actions[sl], self.rot, enc.act_map, self.actions_c)
             laps.lap("encode")
-            q_next_t = tg.forward_ws(wt, m, laps)
+            # as fused_sampled_step: the head's rows of s at the taken actions alone (picks),
+            # with double targets the online net first and the target's rows at its choice
+            picks = self.head_taken[:m]
             if self.targets == "double":
-                q_all = on.forward_ws(ws, 2 * m, laps, halves=True)
+                q_all = on.forward_ws(ws, 2 * m, laps, halves=True, picks=picks)
                 q, q_next_on = q_all[:m], q_all[m:]
+                best = self.best_next[:len(picks)]
+                best_actions(q_next_on, best)
+                q_next_t = tg.forward_ws(wt, m, laps, picks=best)
             else:
-                q = on.forward_ws(ws, m, laps)
+                q_next_t = tg.forward_ws(wt, m, laps)
+                q = on.forward_ws(ws, m, laps, picks=picks)
                 q_next_on = q_next_t
             # argmax/max over actions is frame independent: no relabelling of q_next_*
             sampled_targets(q_next_on, q_next_t, batch.rewards[sl], batch.dones[sl], batch.discounts[sl],
                             self.targets == "double", self.y)
-            actions_to_canonical(batch.actions[sl], self.rot, enc.act_map, self.actions_c)
             loss = loss_taken(q, self.actions_c, self.y, weights, scale, self.loss_kind, ws.dq,
                               self.td[sl], m)
         if self.layout.dueling:
@@ -729,9 +766,19 @@ class Learner:
     def last_mean_q(self):
         """Mean Q(s, .) of the last (micro-)batch's states, computed when asked (for the log)
         rather than every step: numpy's mean cost ~12 us a call here (timed on an 8 x 12
-        block: it is mostly numpy's per-call overhead)."""
+        block: it is mostly numpy's per-call overhead). Where the step's head gave those
+        rows only their taken action's value (head_taken), the head is run here on the hidden
+        rows the step left, with the weights its forward used (nn.head_forward_picked keeps
+        them in the workspace's head_t[0]: W transposed, then the bias)."""
         m = self.micro
-        return float(self.ws.q[:m].mean()) if m else 0.0
+        if not m:
+            return 0.0
+        if len(self.head_taken):
+            a_n, h = self.n_actions, self.layout.widths[-2]
+            wt = self.ws.head_t[0].astype(np.float64)
+            x = self.ws.acts[-2][:m].astype(np.float64)
+            return float((x @ wt[:a_n, :h].mean(axis=0)).mean() + wt[a_n, :a_n].mean())
+        return float(self.ws.q[:m].mean())
 
     @property
     def target_cache_hit_rate(self):

@@ -94,16 +94,19 @@ class Layout:
         return "-".join(str(x) for x in (self.in_dim,) + tuple(self.hidden) + (self.n_actions,)) + \
             (" dueling" if self.dueling else "")
 
-    def flops_forward(self, rows, sparse=True):
-        """Multiply-add FLOPs (2 per MAC) of a forward pass over `rows` rows."""
+    def flops_forward(self, rows, sparse=True, picked=0):
+        """Multiply-add FLOPs (2 per MAC) of a forward pass over `rows` rows (`picked` of
+        them with one Q-value from the head, see flops_gemm_forward)."""
         w = self.widths
         first = rows * self.n_active * w[1] if sparse else 2 * rows * w[0] * w[1]
-        return first + self.flops_gemm_forward(rows)
+        return first + self.flops_gemm_forward(rows, picked)
 
-    def flops_gemm_forward(self, rows):
-        """FLOPs of layers 1 .. L-1 (the GEMM layers) in a forward pass over `rows` rows."""
-        w = self.widths
-        return sum(2 * rows * w[l] * w[l + 1] for l in range(1, self.n_layers))
+    def flops_gemm_forward(self, rows, picked=0):
+        """FLOPs of layers 1 .. L-1 (the GEMM layers) in a forward pass over `rows` rows;
+        `picked` of them get one value from the head, not A (nn.head_forward_picked)."""
+        w, L = self.widths, self.n_layers
+        full = sum(2 * rows * w[l] * w[l + 1] for l in range(1, L))
+        return full if L < 2 else full - 2 * picked * w[L - 1] * (w[L] - 1)
 
     def flops_gemm_backward(self, rows, head=True):
         """FLOPs of the GEMM layers' dW and dx over `rows` rows. head=False: the Q head's from
@@ -167,6 +170,7 @@ def init_params(layout: Layout, rng: np.random.Generator, dtype=np.float32) -> n
 NO_GROUPS = (np.full((0, 1), -1, np.int64), np.zeros((0, 1), np.int64), np.zeros((0, 1), np.int32),
              np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(1, np.int32))
 NO_TAKEN = np.zeros(0, np.int64)  # mlp_backward_upper's `taken` where dLoss/dhead is any
+NO_PICKS = np.zeros(0, np.int64)  # mlp_forward_upper's `picks` where every row needs all its Q-values
 
 
 class Workspace:
@@ -216,8 +220,9 @@ class Workspace:
         self.q = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.acts[-1]
         self.dq = aligned_zeros((rows, layout.n_actions), dtype) if layout.dueling else self.deltas[-1]
         # the head's W and dW transposed, for its backward from the taken actions alone
-        # (head_backward_taken; not where the head is the first layer)
-        self.head_t = aligned_zeros((2, w[-1], w[-2]) if layout.n_layers > 1 else (2, 0, 0), dtype)
+        # (head_backward_taken), and W's with the bias after it for its forward at picked
+        # actions (head_forward_picked); not where the head is the first layer
+        self.head_t = aligned_zeros((2, w[-1] + 1, max(w[-2], w[-1])) if layout.n_layers > 1 else (2, 0, 0), dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -878,12 +883,42 @@ def dense_backward(x, dout, W, dW, db, dx, x_is_relu):
                     di[j] = 0 if xi[j] <= 0 else di[j]
 
 
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+def head_forward_picked(x, W, b, picks, wt, q):
+    """One Q-value per row of a linear head: q[i, picks[i]] = b[a] + x[i] @ W[:, a] with
+    a = picks[i]; x (B,in), W (in,A), picks (B,), q (B,A), whose other columns are left
+    as they are. wt (A+1, >=in and >=A) gets W transposed and, in its row A, b: the head as
+    this forward used it (Workspace.head_t[0]; Learner.last_mean_q reads it after the step's
+    update has changed the head).
+
+    Why: a sampled-targets step reads one value of most of its head rows: the online net's
+    Q(s, a) at the taken action and, for double targets, the target net's Q(s', a*) at the
+    online net's choice. The full head on such rows is a product of N = 12, a quarter of a
+    vector's lanes idle (at the 2x2x2's 256 -> 12, 64 rows: 5.0 us alone against 2.1;
+    512 -> 12, 256 rows: 37 against 10; runs/perf47/picked_proto2.txt).
+    Bits: each dot is summed in vector lanes, then across them (reassociated), not in the
+    tile's order over k: within a few ulps of the full head's value, not equal to it."""
+    h, a_n = W.shape
+    for a in range(a_n):
+        col = wt[a]
+        for j in range(h):
+            col[j] = W[j, a]
+        wt[a_n, a] = b[a]
+    for i in range(picks.shape[0]):
+        a = picks[i]
+        xi, w = x[i], wt[a]
+        s = x.dtype.type(0)
+        for j in range(h):
+            s += xi[j] * w[j]
+        q[i, a] = s + b[a]
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def head_backward_taken(x, dout, taken, W, dW, db, dx, head_t):
     """dense_backward of a Q head whose dout row i is zero but at action taken[i] (what
     loss_taken leaves): x (B,in) post-ReLU, dout (B,A), W (in,A) -> dW = x.T @ dout,
     db = column sums of dout, dx = (dout @ W.T) * (x > 0), without the two GEMMs.
-    head_t (2, >=A, in): scratch for W and dW transposed (Workspace.head_t).
+    head_t (2, >=A, >=in): scratch for W and dW transposed (Workspace.head_t).
 
     Why: at the 2x2x2's 256 -> 12 head and a batch of 64 the GEMMs on a dout that is 11/12
     zeros took 17-25 us of a 0.7 ms step (K = 12 for dx, N = 12 for dW); this, 6-11 us (its
@@ -958,13 +993,22 @@ def mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel, groups):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mlp_forward_upper(Ws, bs, acts, rows, halves):
+def mlp_forward_upper(Ws, bs, acts, rows, halves, picks, wt):
     """Layers 1 .. L-1 (one GEMM each) from acts[0] to the head acts[-1]. halves: the rows
     are s, then s' (the online forward of a double-DQN step), whose hidden rows i and
-    i + rows/2 share more zeros than neighbours do (see blas.gemm_bias_relu)."""
+    i + rows/2 share more zeros than neighbours do (see blas.gemm_bias_relu).
+    picks (P,), P <= rows (NO_PICKS: none; L > 1): the head's rows [0, P) get one value
+    each, at column picks[i] (head_forward_picked, wt its scratch), the rest all of theirs."""
     L = len(Ws)
-    for l in range(1, L):
-        dense_forward(acts[l - 1][:rows], Ws[l], bs[l], acts[l][:rows], l < L - 1, halves)
+    for l in range(1, L - 1):
+        dense_forward(acts[l - 1][:rows], Ws[l], bs[l], acts[l][:rows], np.bool_(True), halves)
+    if L > 1:
+        p = picks.shape[0]
+        if p < rows:  # a row's values do not depend on the rows beside it (the tile's sums)
+            dense_forward(acts[L - 2][p:rows], Ws[L - 1], bs[L - 1], acts[L - 1][p:rows], np.bool_(False),
+                          halves if p == 0 else np.bool_(False))
+        if p > 0:
+            head_forward_picked(acts[L - 2][:p], Ws[L - 1], bs[L - 1], picks, wt, acts[L - 1][:p])
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -1071,14 +1115,20 @@ class MLP:
     def workspace(self, rows: int, groups=None) -> Workspace:
         return Workspace(self.layout, rows, self.dtype, dense_input=not self.sparse, groups=groups)
 
-    def forward_ws(self, ws: Workspace, rows: int, laps=None, halves=False):
+    def forward_ws(self, ws: Workspace, rows: int, laps=None, halves=False, picks=None):
         """Q-values of the workspace's first `rows` input rows. laps (learner.Laps), if given,
         is told when the first layer and when the GEMM layers are done; halves: rows i and
-        i + rows/2 are a state and its successor (mlp_forward_upper)."""
+        i + rows/2 are a state and its successor; picks (P,) int64: rows [0, P) get only
+        their value at action picks[i], the other columns are stale (mlp_forward_upper; no
+        dueling head, two layers or more)."""
+        if picks is None:
+            picks = NO_PICKS
+        elif len(picks) and (self.layout.dueling or self.layout.n_layers < 2 or len(picks) > rows):
+            raise ValueError("picks: a plain head after a hidden layer, at most one per row")
         mlp_forward_first(ws.idx, ws.x, self.sparse, self.Ws, self.bs, ws.acts, rows, ws.panel, ws.groups)
         if laps is not None:
             laps.lap("first layer")
-        mlp_forward_upper(self.Ws, self.bs, ws.acts, rows, bool(halves))
+        mlp_forward_upper(self.Ws, self.bs, ws.acts, rows, bool(halves), picks, ws.head_t[0])
         if self.layout.dueling:
             dueling_forward(ws.acts[-1][:rows], ws.q[:rows])
         if laps is not None:

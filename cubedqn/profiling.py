@@ -222,11 +222,22 @@ def forward_rows(trainer, children_per_step=None) -> tuple[float, float]:
     return b, b * trainer.learner.n_rep if children_per_step is None else children_per_step
 
 
+def picked_rows(learner, rows_online, rows_target) -> tuple[int, int]:
+    """(online rows, target rows) of a step's forward passes whose Q head gave one value
+    (nn.head_forward_picked): with the head's backward from the taken actions, the online
+    rows of s, and with double targets the target's rows."""
+    if not len(learner.head_taken):
+        return 0, 0
+    b = learner.micro
+    return min(b, rows_online), (rows_target if learner.targets == "double" else 0)
+
+
 def step_flops(trainer, children_per_step=None) -> tuple[float, float]:
     """(forward, backward) FLOPs of one gradient step's forward and backward phases."""
     lay, sparse, b = trainer.layout, trainer.cfg.sparse_input, trainer.cfg.batch_size
     on, tg = forward_rows(trainer, children_per_step)
-    return (float(lay.flops_forward(on, sparse) + lay.flops_forward(tg, sparse)),
+    p_on, p_tg = picked_rows(trainer.learner, on, tg)
+    return (float(lay.flops_forward(on, sparse, p_on) + lay.flops_forward(tg, sparse, p_tg)),
             float(lay.flops_backward(b, sparse, head=not head_from_taken(trainer))))
 
 
@@ -244,9 +255,9 @@ def gemm_layers_rate(trainer, parts, children_per_step=None) -> dict:
     if f_ms <= 0:
         return {}
     lay, b = trainer.layout, trainer.cfg.batch_size
-    rows = sum(forward_rows(trainer, children_per_step))
-    flops = lay.flops_gemm_forward(rows) + (lay.flops_gemm_backward(b, not head_from_taken(trainer)) if b_ms > 0
-                                            else 0.0)
+    rows = forward_rows(trainer, children_per_step)
+    flops = lay.flops_gemm_forward(sum(rows), sum(picked_rows(trainer.learner, *rows))) + (
+        lay.flops_gemm_backward(b, not head_from_taken(trainer)) if b_ms > 0 else 0.0)
     return {"gemm_layers_ms": f_ms + b_ms, "gemm_layers_flops": float(flops),
             "gemm_layers_gflops": flops / (f_ms + b_ms) / 1e6}
 
@@ -289,11 +300,16 @@ def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
 
     done = dense = 0.0
     parts = []
+    r_on, r_tg = int(rows_online / scale), int(min(rows_target / scale, wt.rows))
+    p_on, p_tg = picked_rows(learner, r_on, r_tg)
     for l in range(1, L):
-        # double targets: the online rows are s, then s', paired by halves (mlp_forward_upper)
-        parts.append(product(ws.acts[l - 1][:int(rows_online / scale)], w[l + 1],
-                             halves=learner.targets == "double"))
-        parts.append(product(wt.acts[l - 1][:int(min(rows_target / scale, wt.rows))], w[l + 1]))
+        # double targets: the online rows are s, then s', paired by halves (mlp_forward_upper);
+        # the head's picked rows (nn.head_forward_picked) come first, one column each
+        lo_on, lo_tg = (p_on, p_tg) if l == L - 1 else (0, 0)
+        parts.append(product(ws.acts[l - 1][lo_on:r_on], w[l + 1], halves=learner.targets == "double" and lo_on == 0))
+        parts.append(product(wt.acts[l - 1][lo_tg:r_tg], w[l + 1]))
+        if lo_on + lo_tg:
+            parts.append((2.0 * (lo_on + lo_tg) * w[l],) * 2)
     for l in range(1, L):
         if l == L - 1 and len(learner.head_taken) > 0:
             head = 4.0 * b * w[L - 1]  # flops_gemm_backward(head=False)'s share of the head

@@ -33,11 +33,12 @@ SHAPES = {"small": ("cube2", (256, 256), 64, 50), "large": ("cube3", (1024, 512)
 
 
 @njit(cache=True)
-def gemm_layers(Ws, bs, Wt, bt, acts, deltas, acts_t, dWs, dbs, taken, head_t, m, n):
-    """The step's GEMM-layer calls: target forward on m rows, online forward on 2m, backward on m."""
+def gemm_layers(Ws, bs, Wt, bt, acts, deltas, acts_t, dWs, dbs, taken, best, head_t, head_tt, m, n):
+    """The step's GEMM-layer calls: online forward on 2m rows (the first m heads at the
+    taken actions), target forward on m (its heads at `best`), backward on m."""
     for _ in range(n):
-        mlp_forward_upper(Wt, bt, acts_t, m, np.bool_(False))
-        mlp_forward_upper(Ws, bs, acts, 2 * m, np.bool_(True))
+        mlp_forward_upper(Ws, bs, acts, 2 * m, np.bool_(True), taken[:m], head_t[0])
+        mlp_forward_upper(Wt, bt, acts_t, m, np.bool_(False), best[:taken.shape[0]], head_tt[0])
         mlp_backward_upper(Ws, acts, deltas, dWs, dbs, m, taken, head_t)
 
 
@@ -62,7 +63,7 @@ def main():
     b.discounts[:] = 0.9
     on, tg = lr.online, lr.target
     kernel_args = (on.Ws, on.bs, tg.Ws, tg.bs, lr.ws.acts, lr.ws.deltas, lr.ws_t.acts, lr.gWs, lr.gbs, lr.head_taken,
-                   lr.ws.head_t, batch)
+                   lr.best_next, lr.ws.head_t, lr.ws_t.head_t, batch)
     for _ in range(5):
         lr.train_step(b)
     gemm_layers(*kernel_args, 2)

@@ -528,3 +528,8 @@ def test_profile_flops_count_what_the_learner_computes():
         assert step_flops(tr)[1] == lay.flops_backward(8, head=head)
         if not dueling:  # 16 -> 12: one product in 12 of the head's
             assert lay.flops_gemm_backward(8, head=False) == lay.flops_gemm_backward(8) - 4 * 8 * 16 * 11
+        # the forward: the online rows of s and (double) the target's rows one head value each
+        picked = 0 if dueling else 8
+        assert step_flops(tr)[0] == lay.flops_forward(16, picked=picked) + lay.flops_forward(8, picked=picked)
+        if not dueling:
+            assert lay.flops_forward(8, picked=8) == lay.flops_forward(8) - 2 * 8 * 16 * 11

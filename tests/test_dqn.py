@@ -636,10 +636,11 @@ def a_batch(n=8, seed=0):
     return b
 
 
-@pytest.mark.parametrize("targets", ["double", "all-actions"])
+@pytest.mark.parametrize("targets", ["double", "dqn", "all-actions"])
 def test_last_mean_q_is_the_stepped_batch_mean(targets):
     """The logged mean Q (computed only when read) is the mean over actions and states of the
-    online Q-values the last step used, i.e. before its update."""
+    online Q-values the last step used, i.e. before its update (sampled targets: from the
+    head the forward kept, its rows of s having had one value each)."""
     _, lr = learner_pair(targets=targets, lr=0.1)
     b = a_batch(seed=4)
     before = MLP(lr.layout, params=lr.online.params.copy(), dtype=np.float64)

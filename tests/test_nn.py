@@ -164,6 +164,61 @@ def test_head_backward_from_taken_actions_equals_dense_backward(n, h, a, dtype):
         np.testing.assert_allclose(fast, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("n,h,a", [(64, 256, 12), (5, 37, 12), (1, 16, 8), (33, 64, 13), (7, 4, 12)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_head_forward_at_picked_actions_is_the_head_there(n, h, a, dtype):
+    """head_forward_picked: q[i, picks[i]] is the head's value at that action (numpy's, to
+    rounding: its sums run in vector lanes), q's other columns keep what they held, and
+    the scratch ends up holding W transposed, then b (what Learner.last_mean_q reads)."""
+    from cubedqn.nn import head_forward_picked
+    rng = np.random.default_rng(n * 1000 + h)
+    x = np.maximum(rng.standard_normal((n, h)), 0).astype(dtype)
+    W = rng.standard_normal((h, a)).astype(dtype)
+    b = rng.standard_normal(a).astype(dtype)
+    picks = rng.integers(0, a, n).astype(np.int64)
+    q = np.full((n, a), 7, dtype)
+    wt = np.full((a + 1, max(h, a)), 5, dtype)
+    head_forward_picked(x, W, b, picks, wt, q)
+    rows = np.arange(n)
+    want = x.astype(np.float64) @ W.astype(np.float64) + b
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(q[rows, picks], want[rows, picks], **tol)
+    others = np.ones((n, a), bool)
+    others[rows, picks] = False
+    assert (q[others] == 7).all()
+    assert np.array_equal(wt[:a, :h], W.T) and np.array_equal(wt[a, :a], b)
+
+
+@pytest.mark.parametrize("halves", [False, True])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_forward_with_picks_changes_only_the_picked_values(halves, sparse):
+    """MLP.forward_ws with picks for its first P rows (as a sampled-targets step runs the
+    online rows of s): their values at the picks are the full forward's to rounding, the
+    rows after them and every hidden layer are the full forward's bits; picks it cannot
+    give (a dueling head, more than the rows) are refused."""
+    layout = Layout(in_dim=S * 6, n_active=S, hidden=(64, 48), n_actions=12)
+    net = MLP(layout, seed=4, dtype=np.float32, sparse=sparse)
+    states = batch(40, seed=8)
+    picks = np.random.default_rng(9).integers(0, 12, 20).astype(np.int64)
+    full, part = net.workspace(40), net.workspace(40)
+    for ws in (full, part):
+        fill_input(net, ws, states)
+    q_full = net.forward_ws(full, 40, halves=halves).copy()
+    q_part = net.forward_ws(part, 40, halves=halves, picks=picks)
+    rows = np.arange(20)
+    np.testing.assert_allclose(q_part[rows, picks], q_full[rows, picks], rtol=1e-5, atol=1e-6)
+    assert np.array_equal(q_part[20:], q_full[20:])
+    for a_full, a_part in zip(full.acts[:-1], part.acts[:-1]):
+        assert np.array_equal(a_full, a_part)
+    with pytest.raises(ValueError, match="picks"):
+        net.forward_ws(part, 10, picks=picks)
+    duel = MLP(Layout(in_dim=S * 6, n_active=S, hidden=(16,), n_actions=12, dueling=True), seed=1)
+    ws = duel.workspace(20)
+    fill_input(duel, ws, states[:20])
+    with pytest.raises(ValueError, match="picks"):
+        duel.forward_ws(ws, 20, picks=picks)
+
+
 def test_q_values_chunks_equal_one_pass():
     layout = Layout(in_dim=24 * 6, n_active=24, hidden=(16,), n_actions=12)
     net = MLP(layout, seed=1)
