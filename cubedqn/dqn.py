@@ -147,6 +147,9 @@ class Trainer:
         self.pending = 0
         self.last_solve_rate = None
         self.saved_progress = 0.0  # progress reached by earlier runs that had a wall-clock budget
+        # gradient steps the schedules leave out (profile's thread probe before its timed
+        # steps: profiling.profile_training)
+        self.unscheduled_steps = 0
         self._budget = None        # (start time, seconds, progress at start) while run() has a deadline
         self._eval_cache = {}
         self._log_acc = [0.0, 0]
@@ -161,8 +164,9 @@ class Trainer:
         return self.cfg.depth_min, max(self.depth, self.cfg.depth_min)
 
     def progress(self):
-        """Fraction of the run done, in [0, 1]: of cfg.steps, or of the wall-clock budget."""
-        p = max(self.grad_steps / max(self.cfg.steps, 1), self.saved_progress)
+        """Fraction of the run done, in [0, 1]: of cfg.steps (less unscheduled_steps), or of
+        the wall-clock budget."""
+        p = max((self.grad_steps - self.unscheduled_steps) / max(self.cfg.steps, 1), self.saved_progress)
         if self._budget is not None:
             start, seconds, p0 = self._budget
             p = max(p, p0 + (1.0 - p0) * (time.perf_counter() - start) / seconds)

@@ -362,6 +362,12 @@ def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
         trainer.run(max_steps=g + 10 ** 9, until=lambda: tuner.probes > p)
         tuning = {"steps": trainer.grad_steps - g, "seconds": time.perf_counter() - t}
         tuner.settled()
+        # ... without moving the run's schedules: the timed steps explore at the rate a
+        # one-thread run's do. Acting scores only the greedy states, so a lower epsilon is
+        # more work a step: the cube2 command at --threads 2, its tuner keeping one
+        # thread after 367 probe steps, acted on more states and read 0.98x the one-thread
+        # run's steps a minute, the difference its act phase (runs/perf47/report)
+        trainer.unscheduled_steps += trainer.grad_steps - g
     probes0, probe_s0 = (tuner.probes, tuner.probe_seconds) if tuner is not None else (0, 0.0)
     trainer.timer.reset()
     g0, e0, scored0, eps0 = trainer.grad_steps, trainer.env_steps, trainer.states_scored, trainer.epsilon()

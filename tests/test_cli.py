@@ -426,6 +426,10 @@ def test_profile_reports_the_blas_thread_tuning(monkeypatch):
     # steps, or 2 where two threads read 25% slower than one
     assert d["blas_tuning"]["steps"] in (9, 17) and d["blas_tuning"]["seconds"] > 0
     assert d["blas_probes"] >= 0 and d["blas_probe_seconds"] >= 0
+    # the probe's steps leave the exploration schedule where it was: the timed steps start
+    # at the epsilon of a one-thread run's
+    one = json.loads(run(base[:-3] + ["--threads", "1", "--json", "--steps", "1500"]).output)
+    assert d["epsilon_start"] == one["epsilon_start"] and d["epsilon_end"] == one["epsilon_end"]
     off = json.loads(run(base + ["--steps", "50", "--no-tune-blas-threads"]).output)
     assert off["blas_threads"] == 2 and off["blas_probe"] is None
     assert off["blas_tuning"] is off["blas_probes"] is off["blas_probe_seconds"] is None
