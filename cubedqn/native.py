@@ -241,12 +241,6 @@ def tail_columns(b, rem, lanes, one, two):
     b.position_at_end(done_bb)
 
 
-def host_cpu_name() -> str:
-    """LLVM's name for this CPU (e.g. "znver4", "sapphirerapids")."""
-    llb.initialize_native_target()
-    return llb.get_host_cpu_name()
-
-
 def host_features() -> str:
     llb.initialize_native_target()
     return llb.get_host_cpu_features().flatten()

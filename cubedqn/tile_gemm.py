@@ -15,7 +15,7 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               `scripts/bench_tile_gemm.py --library-threads 2` times): row-major, alpha 1,
               beta 0, N >= 8, B as is or transposed (input gradients: delta @ W^T), and
               either A as is with K <= K_MAX (forward layers: (B, in) @ (in, out);
-              K_MAX is 512, 1024 on Zen 4 and with AVX2) or A transposed with K <= 256
+              K_MAX is 1024) or A transposed with K <= 256
               and M <= 256 (with AVX2 any M: TRANS_A_ROWS) or N <= LANES (weight gradients at batch <= 256: acts^T @
               delta; N <= 16, a Q head's, at any M: its 16-row groups read whole lines of
               A, each once). With AVX-512, A transposed, K <= 256 and M > 256 otherwise as above (the 3x3x3's
@@ -25,9 +25,8 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               (Zen 4, hot: 1024 x 256 x 512 0.99-1.05x, 512 x 256 x 512 1.08x; in the
               cube3 step the backward GEMMs 150-265 us less).
   the library everything else: BLAS threads > 1 (with --threads T the GEMM team,
-              team.py, keeps the library on one thread and calls this on column chunks); K > K_MAX (the 3x3x3's 1024-wide
-              layer on AVX-512 CPUs other than Zen 4: 0.92-1.03x on Sapphire Rapids); a transposed A with
-              K > 256 (1.0x); N < 8.
+              team.py, keeps the library on one thread and calls this on column chunks); K > K_MAX; a
+              transposed A with K > 256 (1.0x); N < 8.
 
 How: for each 32 columns of C and each block of up to 256 values of k, it copies that
 block of op(B)'s panel (at most 256 x 32 floats, 32 KB; a transposed B's 16 x 16 blocks
@@ -93,7 +92,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 
 from . import tile_bf16, tile_sparse
-from .native import (bias_gemm_type, counted_loop, declare, flag_with_setter, host_cpu_name, host_has_avx2_fma,
+from .native import (bias_gemm_type, counted_loop, declare, flag_with_setter, host_has_avx2_fma,
                      host_has_avx512, load_floats, load_or_compile, sgemm_type, store_floats, tail_columns,
                      tile_avx512, transpose_rows, zero_or_loaded)
 
@@ -119,20 +118,22 @@ else:         # AVX2: 12 ymm accumulators, 2 rows of the panel and a broadcast o
     MR, NR, LANES, REST_ROWS = 6, 16, 8, (4, 3, 2)  # M = 64 leaves 4 rows: one 4-row group, not four rows
 K_BLOCK = 256               # K in blocks of this: the panel is K_BLOCK x NR floats on the stack (32 KB)
 N_MIN = 8                   # narrower products stay with the library (a vector would be mostly idle)
-# the longest K taken with A as is (or B transposed): two blocks, or four on the CPUs listed
-# (by LLVM's name for them) where the tile measured faster than OpenBLAS at K = 1024 too,
-# the 3x3x3 net's 1024 -> 512 layer (Zen 4: 1.02-1.09x alone, 1.03-1.06x the whole cube3
-# step; on a Sapphire Rapids-class host 0.92-1.03x, so the library keeps it there;
-# docs/performance-log.md)
-K_MAX_BY_CPU = {"znver4": 1024}
-# AVX2: 1024 too, for tile_sparse.py's path, which is tried first and whose fallback must
-# be these loops (the same bits either way: the library's would differ): on the Zen 4 host
-# as AVX2 code against OpenBLAS's Haswell kernel, the cube3 net's K = 512 and 1024 products
-# ran 1.10-1.17x at half zeros, 1.55-1.63x at 0.3, the dense loops 0.93-0.96x (alone, hot,
-# runs/perf46/avx2_big_k.txt), and its Adam step 1.22-1.24x (avx2_kmax_ab.txt). Before the
-# sparse path AVX2 stopped at 256 (at K = 512 the 6 x 16 tile ran 0.93-0.95x OpenBLAS on
-# the Zen 3 host).
-K_MAX = K_MAX_BY_CPU.get(host_cpu_name(), 512) if AVX512 else 1024
+# the longest K taken with A as is (or B transposed): four blocks, the 3x3x3 net's 1024 -> 512
+# layer, on every CPU, for tile_sparse.py's path, which is tried first and whose fallback
+# must be these loops (the same bits either way: the library's would differ).
+# Dense, the tile against OpenBLAS at K = 1024: Zen 4 1.02-1.09x alone, 1.03-1.06x the
+# whole cube3 step; a Sapphire Rapids-class host 0.92-1.03x (docs/performance-log.md),
+# where until stop 54 the library kept it (K_MAX 512 on AVX-512 CPUs other than Zen 4).
+# With the sparse path: the issue's cube3 profile command (Adam, its activations thinned
+# by training: the products did 31% of the dense multiply-adds) took 7.51-7.53 ms a train
+# step on the Zen 4 host against 11.72-11.74 with K_MAX 512 there, the library taking the
+# layer (runs/perf47/kmax_ab_adam.txt; not measured on another AVX-512 CPU). AVX2: as
+# AVX2 code on the Zen 4 host against OpenBLAS's Haswell kernel, the K = 512 and 1024
+# products ran 1.10-1.17x at half zeros, 1.55-1.63x at 0.3, the dense loops 0.93-0.96x
+# (alone, hot, runs/perf46/avx2_big_k.txt), and its Adam step 1.22-1.24x
+# (avx2_kmax_ab.txt); before the sparse path AVX2 stopped at 256 (at K = 512 the 6 x 16
+# tile ran 0.93-0.95x OpenBLAS on the Zen 3 host).
+K_MAX = 1024
 # a transposed A is taken up to this K, and this many rows of C unless N <= LANES (the
 # 3x3x3 head's gradient, 512 x 256 x 12: 82 against 47 GFLOP/s for the library, Zen 4, hot)
 TRANS_A_MAX = 256
