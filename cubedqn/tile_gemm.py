@@ -15,10 +15,10 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               `scripts/bench_tile_gemm.py --library-threads 2` times): row-major, alpha 1,
               beta 0, N >= 8, B as is or transposed (input gradients: delta @ W^T), and
               either A as is with K <= K_MAX (forward layers: (B, in) @ (in, out);
-              K_MAX is 1024) or A transposed with K <= 256
-              and M <= 256 (with AVX2 any M: TRANS_A_ROWS) or N <= LANES (weight gradients at batch <= 256: acts^T @
+              K_MAX is 1024) or A transposed with K <= TRANS_A_K_MAX (512 with AVX-512, 256 with AVX2)
+              and M <= 256 (with AVX2 any M: TRANS_A_ROWS) or N <= LANES (weight gradients at batch <= 512: acts^T @
               delta; N <= 16, a Q head's, at any M: its 16-row groups read whole lines of
-              A, each once). With AVX-512, A transposed, K <= 256 and M > 256 otherwise as above (the 3x3x3's
+              A, each once). With AVX-512, A transposed, K <= 512 and M > 256 otherwise as above (the 3x3x3's
               1024 x 256 x 512 weight gradient), TILE calls itself on blocks of 256 rows
               of C: each block's A (256 x K) then stays in L2 across B's panels, where
               the whole A, read once per panel, came from L3 and ran 0.8-1.0x OpenBLAS
@@ -26,7 +26,7 @@ other product to the library sgemm, bound as `cubedqn_blas_sgemm64`:
               cube3 step the backward GEMMs 150-265 us less).
   the library everything else: BLAS threads > 1 (with --threads T the GEMM team,
               team.py, keeps the library on one thread and calls this on column chunks); K > K_MAX; a
-              transposed A with K > 256 (1.0x); N < 8.
+              transposed A with K > TRANS_A_K_MAX; N < 8.
 
 How: for each 32 columns of C and each block of up to 256 values of k, it copies that
 block of op(B)'s panel (at most 256 x 32 floats, 32 KB; a transposed B's 16 x 16 blocks
@@ -134,8 +134,9 @@ N_MIN = 8                   # narrower products stay with the library (a vector 
 # (avx2_kmax_ab.txt); before the sparse path AVX2 stopped at 256 (at K = 512 the 6 x 16
 # tile ran 0.93-0.95x OpenBLAS on the Zen 3 host).
 K_MAX = 1024
-# a transposed A is taken up to this K, and this many rows of C unless N <= LANES (the
-# 3x3x3 head's gradient, 512 x 256 x 12: 82 against 47 GFLOP/s for the library, Zen 4, hot)
+# a transposed A is taken with this many rows of C unless N <= LANES (the 3x3x3 head's
+# gradient, 512 x 256 x 12: 82 against 47 GFLOP/s for the library, Zen 4, hot), and up to
+# this K with AVX2 (TRANS_A_K_MAX)
 TRANS_A_MAX = 256
 # ... in one call: with AVX-512, more rows go in blocks of TRANS_A_MAX (below, _emit); with
 # AVX2 any number, for tile_sparse.py's path, tried first (its dense fallback here: the
@@ -143,6 +144,13 @@ TRANS_A_MAX = 256
 # 1.60x at 0.3, the dense loops 0.83x, as AVX2 code on the Zen 4 host,
 # runs/perf46/avx2_dw_big.txt; its Adam step 1.04x, avx2_dw_ab.txt)
 TRANS_A_ROWS = TRANS_A_MAX if AVX512 else 1 << 40
+# the longest K (batch rows) taken with A transposed: with AVX-512 512, for tile_sparse.py's
+# path, tried first: the cube3 command at batch 512 (Adam) ran its backward GEMMs in
+# 3.84-3.94 ms against 6.61-6.69 with the library taking the 1024 x 512 x 512 weight
+# gradient, a train step 15.1-15.4 against 17.9-18.0 ms (runs/perf47/transak_ab_b512.txt),
+# where the dense loops ran 0.97-1.09x the library at K = 512 and 0.88x at 1024 (alone,
+# hot, transa_dense.txt); as AVX2 code 0.75-0.96x at 512 (transa_dense_avx2.txt), so 256
+TRANS_A_K_MAX = 512 if AVX512 else TRANS_A_MAX
 # AVX2: a product with more rows of C than this is done a block of them at a time (each a
 # call of the tile), so that the block's rows of A (128 x K: 128 KB at K = 256) stay in
 # L2 (512 KB a core on Zen 3) across B's panels of 16 columns; with the whole of A read once
@@ -170,7 +178,7 @@ def takes(m, n, k, trans_a=False, trans_b=False, bias=False) -> bool:
         return False
     if bias or not trans_a:
         return k <= K_MAX
-    return k <= TRANS_A_MAX  # more rows: AVX-512 in blocks of them, AVX2 whole (TRANS_A_ROWS)
+    return k <= TRANS_A_K_MAX  # more rows: AVX-512 in blocks of them, AVX2 whole (TRANS_A_ROWS)
 
 
 def has_bf16() -> bool:
@@ -311,7 +319,7 @@ def _emit(mod, epilogue, sparse, bf16=None):
         a_rule = b.or_(b.and_(b.icmp_signed("==", ta, c32(NO_TRANS)), b.icmp_signed("<=", K, c64(K_MAX))),
                        b.and_(trans, b.and_(b.or_(b.icmp_signed("<=", M, c64(TRANS_A_ROWS)),
                                                   b.icmp_signed("<=", N, c64(LANES))),
-                                            b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))
+                                            b.icmp_signed("<=", K, c64(TRANS_A_K_MAX)))))
     if bf16 is not None:  # the bf16 precision is on: every product the engine makes goes to BF16
         bf16_fn, flag = bf16
         on = b.and_(b.icmp_signed("!=", b.load(flag), c32(0)),
@@ -367,7 +375,7 @@ def _emit(mod, epilogue, sparse, bf16=None):
         # on the Zen 3 host)
         if AVX512:
             blocks = b.and_(fits, b.and_(trans, b.and_(b.icmp_signed(">", M, c64(TRANS_A_MAX)),
-                                                       b.icmp_signed("<=", K, c64(TRANS_A_MAX)))))
+                                                       b.icmp_signed("<=", K, c64(TRANS_A_K_MAX)))))
             blocks_bb, whole_bb = fn.append_basic_block("rows.blocks"), fn.append_basic_block("library.whole")
             b.cbranch(blocks, blocks_bb, whole_bb)
             b.position_at_end(blocks_bb)

@@ -183,8 +183,8 @@ def _tile_cases():
         yield 300, n, k, False, False
     for m, n, k in ((256, 256, 64), (257, 64, 8), (9, 40, 7), (1, 33, 3), (64, 64, 256), (64, 64, 257),
                     (256, 12, 64), (33, 20, 9), (512, 12, 256), (300, 16, 100), (520, 17, 64), (300, 12, 257),
-                    (600, 40, 256)):
-        yield m, n, k, True, False
+                    (600, 40, 256), (64, 64, 512), (64, 64, 513), (600, 40, 512), (300, 17, 513)):
+        yield m, n, k, True, False  # K 512 / 513: at and past TRANS_A_K_MAX with AVX-512
     for m in (1, 9, 64):
         for n in (12, 32, 40, 57, 96):
             for k in sorted({1, 15, 16, 33, 256, 300, 512, 513, K_MAX, K_MAX + 1}):
@@ -362,7 +362,8 @@ def _sparse_cases():
         yield m, n, k, False, False
     for m, n, k in ((64, 256, 256), (9, 64, 129), (3, 128, 17), (70, 64, 7)):
         yield m, n, k, False, True
-    for m, n, k in ((256, 256, 64), (67, 64, 33), (1, 64, 16), (300, 128, 128), (130, 64, 5)):
+    for m, n, k in ((256, 256, 64), (67, 64, 33), (1, 64, 16), (300, 128, 128), (130, 64, 5), (40, 64, 512),
+                    (600, 64, 384)):
         yield m, n, k, True, False
     for m, n, k in ((9, 64, 40), (40, 128, 17)):  # both transposed (where the tile takes them)
         yield m, n, k, True, True
