@@ -894,8 +894,8 @@ def head_forward_picked(x, W, b, picks, wt, q):
     Why: a sampled-targets step reads one value of most of its head rows: the online net's
     Q(s, a) at the taken action and, for double targets, the target net's Q(s', a*) at the
     online net's choice. The full head on such rows is a product of N = 12, a quarter of a
-    vector's lanes idle (at the 2x2x2's 256 -> 12, 64 rows: 5.0 us alone against 2.1;
-    512 -> 12, 256 rows: 37 against 10; runs/perf47/picked_proto2.txt).
+    vector's lanes idle (at the 2x2x2's 256 -> 12, 64 rows: 4.8 us alone against 2.0;
+    512 -> 12, 256 rows: 37 against 9; runs/perf47/picked_proto2.txt).
     Bits: each dot is summed in vector lanes, then across them (reassociated), not in the
     tile's order over k: within a few ulps of the full head's value, not equal to it."""
     h, a_n = W.shape
