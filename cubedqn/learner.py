@@ -140,17 +140,23 @@ class Laps:
         self.last = t
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def best_action(q, i):
+    """The first a with the largest q[i, a]: double DQN's choice of the next action."""
+    best = 0
+    for a in range(1, q.shape[1]):
+        if q[i, a] > q[i, best]:
+            best = a
+    return best
+
+
 @njit(cache=True, error_model="numpy")
 def sampled_targets(q_next_online, q_next_target, rewards, dones, discounts, double, out):
     """y = r + disc * (1 - done) * Q_t(s', a*) with a* from the online net (double) or Q_t."""
     n, a_n = q_next_target.shape
     for i in range(out.shape[0]):
         if double:
-            best = 0
-            for a in range(1, a_n):
-                if q_next_online[i, a] > q_next_online[i, best]:
-                    best = a
-            v = q_next_target[i, best]
+            v = q_next_target[i, best_action(q_next_online, i)]
         else:
             v = q_next_target[i, 0]
             for a in range(1, a_n):
@@ -176,13 +182,9 @@ N_PARTS = len(FUSED_PARTS)
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def best_actions(q, out):
-    """out[i] = the first a with the largest q[i, a] (sampled_targets' choice for double)."""
+    """out[i] = best_action(q, i) (sampled_targets' choice for double)."""
     for i in range(out.shape[0]):
-        best = 0
-        for a in range(1, q.shape[1]):
-            if q[i, a] > q[i, best]:
-                best = a
-        out[i] = best
+        out[i] = best_action(q, i)
 
 
 @njit(cache=True, nogil=True)
