@@ -254,13 +254,15 @@ def coset_representatives(sym_perm, sym_cmap):
 
 
 @njit(cache=True, nogil=True)
-def encode_index_framed(states, frame_perm, frame_cmap, frame, out):
-    """out[i, j] = 6*j + colour of sticker j of states[i] seen through frame[i]."""
+def encode_index_framed(states, frame_perm, frame_cmap, frame, order, out):
+    """out[i, k] = 6*j + colour of sticker j = order[k] of states[i] seen through frame[i]
+    (framed_order: the DBL slot's stickers, the same in every frame, first)."""
     n, s = states.shape
     for i in range(n):
         perm, cmap = frame_perm[frame[i]], frame_cmap[frame[i]]
-        for j in range(s):
-            out[i, j] = 6 * j + cmap[states[i, perm[j]]]
+        for k in range(s):
+            j = order[k]
+            out[i, k] = 6 * j + cmap[states[i, perm[j]]]
 
 
 @njit(cache=True, nogil=True)
@@ -278,12 +280,13 @@ def encode_rotated_or_plain(framed, sparse, states, home_facelets, colours, fram
                             x):
     """The encodings that need no corner codes, as one kernel (Encoder.encode, and the
     learner's fused step): framed, each state turned by the first rotation that brings its
-    DBL cubie home (rot gets the rotations), else the stickers as they are, listed in
-    `order` (cube.sticker_order); into idx (sparse) or x (dense one-hot)."""
+    DBL cubie home (rot gets the rotations), else the stickers as they are; the index
+    columns listed in `order` (Encoder.sticker_order: framed_order, or cube.sticker_order);
+    into idx (sparse) or x (dense one-hot)."""
     if framed:
         find_rotations(states, home_facelets, colours, rot)
         if sparse:
-            encode_index_framed(states, frame_perm, frame_cmap, rot, idx)
+            encode_index_framed(states, frame_perm, frame_cmap, rot, order, idx)
         else:
             encode_onehot_framed(states, frame_perm, frame_cmap, rot, x)
     elif sparse:
@@ -445,11 +448,20 @@ class InputGroups:
                 rows * (layout.n_active - self.n_groups) >= 3 * (self.n_members + self.n_tables))
 
 
+def framed_order(puzzle) -> np.ndarray:
+    """The order a framed encoding lists its stickers in: the DBL slot's three first (a
+    frame keeps that cubie home and untwisted, so those columns are the same in every row
+    and the sparse first layer adds their W1 rows once per batch, nn._fold_constant_columns:
+    21 of the 2x2x2's 24 rows gathered per row), then the others in sticker order."""
+    first = [int(f) for f in puzzle.corner_facelets[6]]
+    return np.array(first + [j for j in range(puzzle.n_stickers) if j not in first], np.int64)
+
+
 def sticker_groups(puzzle, order, dbl_first=False) -> InputGroups:
     """The sticker input's cubies as InputGroups: each centre alone (any colour), each
     corner slot's three stickers (the 8 corner cubies in 3 twists: 24 values) and each
     edge slot's two (12 edges, 2 flips). order: the index column of each sticker position
-    is its place in it (cube.sticker_order; the identity where encoded in frames). Centres
+    is its place in it (Encoder.sticker_order: cube.sticker_order, or framed_order). Centres
     first, then the corners (with dbl_first, the DBL slot first: a canonical frame keeps
     its cubie home), then the edges: groups whose value is the same in every row lead, so
     the first layer adds their table rows once (nn._fold_constant_columns)."""
@@ -593,10 +605,10 @@ class Encoder:
             np.arange(puzzle.n_stickers, dtype=np.uint8)[None]
         self.home_facelets = np.ascontiguousarray(self.search_rotations[:, self.fac])
         self._frame_tables = self._table_context()
-        self.sticker_order = sticker_order(puzzle)  # unframed sparse inputs: constant columns first
+        # the index columns' order: constant columns first (nn._fold_constant_columns)
+        self.sticker_order = framed_order(puzzle) if self.framed else sticker_order(puzzle)
         # the first layer's cubie tables (InputGroups), for sparse sticker inputs
-        self.input_groups = sticker_groups(puzzle, np.arange(puzzle.n_stickers) if self.framed else
-                                           self.sticker_order, self.canonical) \
+        self.input_groups = sticker_groups(puzzle, self.sticker_order, self.canonical) \
             if sparse and inputs == "stickers" else None
         # children worth scoring in all-actions targets (all of them unless canonical)
         self.child_reps, self.child_rep_of = child_representatives(puzzle, n_actions) if self.canonical \
@@ -687,7 +699,8 @@ class Encoder:
         if self.inputs != "stickers":
             self.encode_codes(codes, ws.idx[row0:row0 + n])
         elif self.sparse:
-            encode_index_framed(states, self.frame_perm, self.frame_cmap, rot, ws.idx[row0:row0 + n])
+            encode_index_framed(states, self.frame_perm, self.frame_cmap, rot, self.sticker_order,
+                                ws.idx[row0:row0 + n])
         else:
             encode_onehot_framed(states, self.frame_perm, self.frame_cmap, rot, ws.x[row0:row0 + n])
         return codes

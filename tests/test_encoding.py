@@ -221,6 +221,39 @@ def test_encode_without_codes_writes_the_same_inputs_and_frames(inputs, symmetry
     np.testing.assert_array_equal(rot_lean, by_permutation)
 
 
+@pytest.mark.parametrize("symmetry", [1, 48])
+def test_framed_stickers_list_the_dbl_slot_first_and_the_first_layer_folds_it(symmetry):
+    """In a frame the DBL cubie is home and untwisted, so framed sticker inputs list its
+    three stickers first (framed_order): those columns are then the same in every row, the
+    first layer adds their W1 rows once (nn._constant_prefix reads 3), and each row holds
+    the W1 rows encode_onehot_framed sets, so Q-values match the dense one-hot input's."""
+    from cubedqn.encoding import framed_order
+    from cubedqn.nn import Workspace, _constant_prefix
+    order = framed_order(P2)
+    assert list(order[:3]) == list(P2.corner_facelets[6])
+    assert sorted(order.tolist()) == list(range(P2.n_stickers))
+    enc = Encoder(P2, 12, symmetry=symmetry)
+    dense = Encoder(P2, 12, symmetry=symmetry, sparse=False)
+    assert np.array_equal(enc.sticker_order, order)
+    rng = np.random.default_rng(7)
+    states = np.ascontiguousarray(np.stack([apply_moves(P2, P2.solved, rng.integers(0, 12, 15))[P2.rotations[r]]
+                                            for r in rng.integers(0, 24, 64)]))
+    layout = Layout(enc.in_dim, enc.n_active, (64, 32), 12)
+    sparse_ws, dense_ws = Workspace(layout, 64), Workspace(layout, 64, dense_input=True)
+    rot, rot_dense = np.zeros(64, np.int64), np.zeros(64, np.int64)
+    for e, ws, r in ((enc, sparse_ws, rot), (dense, dense_ws, rot_dense)):
+        e.encode(states, ws, 0, r)
+        e.encode(states, ws, 0, r, want_codes=False)  # the training path's kernel writes the same
+    np.testing.assert_array_equal(rot, rot_dense)
+    assert _constant_prefix(sparse_ws.idx) == 3
+    assert (sparse_ws.idx[:, :3] == 6 * order[:3] + P2.corner_colours[6]).all()
+    for i in range(64):
+        assert np.array_equal(np.sort(sparse_ws.idx[i]), np.flatnonzero(dense_ws.x[i]))
+    net = MLP(layout, seed=3)
+    q_dense = MLP(layout, net.params.copy(), sparse=False).forward_ws(dense_ws, 64)
+    np.testing.assert_allclose(net.forward_ws(sparse_ws, 64), q_dense, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("symmetry", [6, 48])
 def test_frame_is_the_smallest_image_with_dbl_home_first_view_on_ties(symmetry):
     """choose_frame against a plain search: every view of the canonical state x (all n_view
