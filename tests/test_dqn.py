@@ -777,6 +777,10 @@ def test_fused_step_equals_the_per_part_step_bitwise(case):
                      (f.opt.v, p.opt.v), (f.ws.q, p.ws.q)]:
             same(a, c)
     assert f.updates == p.updates == 4
+    if sparse:  # both list the stickers in the encoder's order (framed: the DBL slot's first)
+        for lr in (f, p):
+            assert (lr.ws.idx[:n] // 6 == lr.encoder.sticker_order).all()
+        assert (f.encoder.sticker_order[:3] == P2.corner_facelets[6]).all() == canonical
     same(f.target.params, f.online.params)  # copied at updates 2 and 4
     assert f.opt.last_norm > 0.05 or clip == "none"  # the clip was active
     for phase, parts in timer_f.parts.items():

@@ -239,12 +239,14 @@ def test_framed_stickers_list_the_dbl_slot_first_and_the_first_layer_folds_it(sy
     states = np.ascontiguousarray(np.stack([apply_moves(P2, P2.solved, rng.integers(0, 12, 15))[P2.rotations[r]]
                                             for r in rng.integers(0, 24, 64)]))
     layout = Layout(enc.in_dim, enc.n_active, (64, 32), 12)
-    sparse_ws, dense_ws = Workspace(layout, 64), Workspace(layout, 64, dense_input=True)
-    rot, rot_dense = np.zeros(64, np.int64), np.zeros(64, np.int64)
-    for e, ws, r in ((enc, sparse_ws, rot), (dense, dense_ws, rot_dense)):
-        e.encode(states, ws, 0, r)
-        e.encode(states, ws, 0, r, want_codes=False)  # the training path's kernel writes the same
+    sparse_ws, lean_ws = Workspace(layout, 64), Workspace(layout, 64)
+    dense_ws = Workspace(layout, 64, dense_input=True)
+    rot, rot_lean, rot_dense = (np.zeros(64, np.int64) for _ in range(3))
+    enc.encode(states, sparse_ws, 0, rot)
+    enc.encode(states, lean_ws, 0, rot_lean, want_codes=False)  # the training path's kernel (symmetry 1)
+    dense.encode(states, dense_ws, 0, rot_dense)
     np.testing.assert_array_equal(rot, rot_dense)
+    np.testing.assert_array_equal(sparse_ws.idx, lean_ws.idx)
     assert _constant_prefix(sparse_ws.idx) == 3
     assert (sparse_ws.idx[:, :3] == 6 * order[:3] + P2.corner_colours[6]).all()
     for i in range(64):
