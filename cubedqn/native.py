@@ -128,6 +128,16 @@ def declare(mod, name, ftype):
     return mod.globals.get(name) or ir.Function(mod, ftype, name=name)
 
 
+def prefetch(b, at, for_write=False):
+    """A hint to bring the line at pointer `at` into the cache: for reading towards L2
+    (locality 2), for writing into this core's L1, owned (locality 3). Never faults,
+    whatever the address."""
+    i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
+    fn = declare(b.module, "llvm.prefetch.p0i8", ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+    b.call(fn, [b.bitcast(at, i8p), ir.Constant(i32, int(for_write)), ir.Constant(i32, 3 if for_write else 2),
+                ir.Constant(i32, 1)])
+
+
 def transpose_rows(b, rows):
     """The 16 x 16 block given as 16 row vectors, transposed: four rounds of swapping the
     off-diagonal t x t blocks of each 2t x 2t block (t = 8, 4, 2, 1), two-source shuffles."""

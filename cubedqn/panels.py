@@ -66,7 +66,7 @@ import llvmlite.binding as llb
 import llvmlite.ir as ir
 from numba import types
 
-from .native import counted_loop, load_or_compile
+from .native import counted_loop, load_or_compile, prefetch
 
 PANEL = 32          # columns per panel
 LANES = 16          # floats per vector (two 256-bit registers where there is no AVX-512)
@@ -131,13 +131,7 @@ class _Builder:
     def prefetch(self, ptr, for_write, *terms):
         """A hint to bring the line at ptr + sum of terms into the cache (for writing: into
         this core's L1, owned; for reading: into L2). Never faults, whatever the address."""
-        mod, i32 = self.b.module, ir.IntType(32)
-        i8p = ir.IntType(8).as_pointer()
-        fn = mod.globals.get("llvm.prefetch.p0i8") or ir.Function(
-            mod, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), name="llvm.prefetch.p0i8")
-        at = self.b.bitcast(self.at(ptr, *terms), i8p)
-        self.b.call(fn, [at, ir.Constant(i32, int(for_write)), ir.Constant(i32, 3 if for_write else 2),
-                         ir.Constant(i32, 1)])
+        prefetch(self.b, self.at(ptr, *terms), for_write)
 
     def share(self, total, steps):
         """ceil(total / max(steps, 1)): rows per step to spread `total` rows over `steps`."""

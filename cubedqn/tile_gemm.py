@@ -93,8 +93,8 @@ import llvmlite.ir as ir
 
 from . import tile_bf16, tile_sparse
 from .native import (bias_gemm_type, counted_loop, declare, flag_with_setter, host_has_avx2_fma,
-                     host_has_avx512, load_floats, load_or_compile, sgemm_type, store_floats, tail_columns,
-                     tile_avx512, transpose_rows, zero_or_loaded)
+                     host_has_avx512, load_floats, load_or_compile, prefetch, sgemm_type, store_floats,
+                     tail_columns, tile_avx512, transpose_rows, zero_or_loaded)
 
 TILE, LIBRARY = "cubedqn_tile_sgemm64", "cubedqn_blas_sgemm64"
 # i64 (M, N, K, A, lda, B, ldb, C, ldc, bias, relu): C = A @ B + bias, then ReLU if relu & 1, as
@@ -424,9 +424,6 @@ def _emit(mod, epilogue, sparse, bf16=None):
     splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
     undef = ir.Constant(vec, ir.Undefined)
 
-    prefetch = declare(mod, "llvm.prefetch.p0i8", ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32,
-                                                                                  i32, i32]))
-
     def vload(ptr, off, mask):
         return load_floats(b, ptr, off, LANES, mask)
 
@@ -449,8 +446,7 @@ def _emit(mod, epilogue, sparse, bf16=None):
         def prefetch_next_panel(k):
             """The next panel's two lines of B's row k0+k, towards L2 while this one computes."""
             for v in range(nvec):
-                at = b.gep(B, [b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(NR + v * LANES)))])
-                b.call(prefetch, [b.bitcast(at, ir.IntType(8).as_pointer()), c32(0), c32(2), c32(1)])
+                prefetch(b, b.gep(B, [b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(NR + v * LANES)))]))
 
         def panel_row(k):
             return [b.load(vptr(panel, b.add(b.mul(k, c64(NR)), c64(v * LANES))), align=64) for v in range(nvec)]

@@ -59,7 +59,8 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 
-from .native import counted_loop, declare, lane_mask, load_floats, splat, tile_avx512, transpose_rows, zero_or_loaded
+from .native import (counted_loop, declare, lane_mask, load_floats, prefetch, splat, tile_avx512, transpose_rows,
+                     zero_or_loaded)
 
 LANES = 16 if tile_avx512() else 8  # floats a vector: zmm, or ymm (AVX2)
 NV = 4                  # vectors a row of the panel: with two rows, 8 accumulators (+ 4 + 2 of 16 ymm)
@@ -101,8 +102,6 @@ def emit(mod):
         orders.initializer = ir.Constant(ir.ArrayType(ivec, 1 << LANES), [
             ir.Constant(ivec, [j for j in range(LANES) if m >> j & 1] + [0] * (LANES - bin(m).count("1")))
             for m in range(1 << LANES)])
-    prefetch_fn = declare(mod, "llvm.prefetch.p0i8", ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32,
-                                                                                      i32, i32]))
     fn = ir.Function(mod, function_type(), name=NAME)
     fn.linkage = "internal"
     M, N, K, A, lda, B, ldb, C, ldc, bias, relu, a_trans, b_trans, halves = fn.args
@@ -110,9 +109,6 @@ def emit(mod):
 
     def c64(v):
         return ir.Constant(i64, v)
-
-    def i32c(v):
-        return ir.Constant(i32, v)
 
     def vptr(ptr, off, t=vec):
         return b.bitcast(b.gep(ptr, [off]), t.as_pointer())
@@ -243,8 +239,8 @@ def emit(mod):
             total = b.add(total, pos[q])
         return close_g([total])[0]
 
-    def prefetch(ptr, off):
-        b.call(prefetch_fn, [b.bitcast(b.gep(ptr, [off]), ir.IntType(8).as_pointer()), i32c(0), i32c(2), i32c(1)])
+    def prefetch_at(ptr, off):
+        prefetch(b, b.gep(ptr, [off]))
 
     def copy_panel(j0, k0, kn):
         """op(B)[k0:k0+kn, j0:j0+PANEL] -> the panel (kn rows of PANEL floats); the same
@@ -262,7 +258,7 @@ def emit(mod):
                 row = b.load(vptr(B, b.add(b.mul(b.add(k0, k), ldb), b.add(j0, c64(v * LANES)))), align=4)
                 b.store(row, vptr(panel, b.add(b.mul(k, c64(PANEL)), c64(v * LANES))), align=64)
             for line in range(0, PANEL, 16):
-                prefetch(B, b.add(b.mul(b.add(nk, k), ldb), b.add(nj, c64(line))))
+                prefetch_at(B, b.add(b.mul(b.add(nk, k), ldb), b.add(nj, c64(line))))
             close_k()
             return []
 
@@ -272,7 +268,7 @@ def emit(mod):
                 rows = [b.load(vptr(B, b.add(b.mul(b.add(j0, c64(g * LANES + r)), ldb), b.add(k0, kc))), align=4)
                         for r in range(LANES)]
                 for r in range(LANES):
-                    prefetch(B, b.add(b.mul(b.add(nj, c64(g * LANES + r)), ldb), b.add(nk, kc)))
+                    prefetch_at(B, b.add(b.mul(b.add(nj, c64(g * LANES + r)), ldb), b.add(nk, kc)))
                 for c_, row in enumerate(transpose_rows(b, rows)):
                     b.store(row, vptr(panel, b.add(b.mul(b.add(kc, c64(c_)), c64(PANEL)), c64(g * LANES))), align=64)
             close_kc()
