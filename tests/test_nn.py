@@ -6,7 +6,7 @@ import pytest
 from cubedqn import reference as ref
 from cubedqn.cube import encode_index, encode_onehot
 from cubedqn.nn import ALIGN, LOSSES, MLP, NO_GROUPS, NO_TAKEN, Layout, aligned_zeros, loss_full, loss_taken, views
-from cubedqn.optim import Optimizer, clip_factor, sq_norm, update_rows, update_slice
+from cubedqn.optim import Optimizer, clip_factor, sq_norm, sq_norm_exact, update_rows, update_slice
 from blas_rows import same
 
 S = 8  # a tiny "puzzle": 8 stickers, 6 colours
@@ -284,6 +284,33 @@ def test_float32_adam_matches_reference(kind, max_grad_norm, wd):
 def test_sq_norm_matches_numpy():
     g = np.random.default_rng(0).normal(0, 1, 10007).astype(np.float32)
     assert sq_norm(g) == pytest.approx(float((g.astype(np.float64) ** 2).sum()), rel=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 257, 5000, 106_000])
+def test_sq_norm_by_scaled_float32_blocks_stays_close_to_float64(n):
+    """sq_norm squares float32 values times 2^48 in float32 blocks: within float32 rounding
+    of the float64 sum over magnitudes from 1e-33 (whose unscaled squares are subnormal or
+    zero) to 1e4; float64 arrays stay float64 throughout."""
+    rng = np.random.default_rng(n)
+    g = (rng.normal(0, 1, n) * 10.0 ** rng.uniform(-33, 4, n)).astype(np.float32)
+    exact = float((g.astype(np.float64) ** 2).sum())
+    assert sq_norm(g) == pytest.approx(exact, rel=1e-6)
+    assert sq_norm_exact(g) == pytest.approx(exact, rel=1e-12)
+    assert sq_norm(g.astype(np.float64)) == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.mark.parametrize("where", [0, 300, 999])
+def test_sq_norm_redoes_in_float64_where_a_scaled_square_overflows(where):
+    """|g| above 65536 overflows its square times 2^96 in float32: the sum is then made in
+    float64 (the same value as sq_norm_exact), and an inf or a NaN comes out as one."""
+    g = np.full(1000, 0.5, np.float32)
+    for big in (1e5, -3e38):
+        g[where] = big
+        assert sq_norm(g) == sq_norm_exact(g) == pytest.approx(float(g[where]) ** 2 + 999 * 0.25, rel=1e-12)
+    g[where] = np.inf
+    assert sq_norm(g) == np.inf
+    g[where] = np.nan
+    assert np.isnan(sq_norm(g))
 
 
 def test_torch_autograd_agrees_if_installed():
