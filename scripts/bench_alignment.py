@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 from numba import njit
 
 from cubedqn import panels
 from cubedqn.blas import BACKEND, gemm
+from cubedqn.numba_cache import drop_if_stale_for
 from cubedqn.nn import ALIGN, NO_GROUPS, panel_scratch_size, sparse_backward_panels, sparse_forward_panels
 from cubedqn.threads import limit_threads
+
+drop_if_stale_for(Path(__file__).parent)  # the cached kernel below calls the package's
 
 SHAPES = {"cube2 144x256": (144, 24, 256, (64, 128)), "cube3 324x1024": (324, 54, 1024, (256, 512))}
 OFFSETS = (0, 16, 32, 48)

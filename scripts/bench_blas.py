@@ -29,7 +29,10 @@ from bench_peers import SHAPES, step_gemms  # noqa: E402
 from cubedqn import blas  # noqa: E402
 from cubedqn.cube import get_puzzle  # noqa: E402
 from cubedqn.nn import Layout  # noqa: E402
+from cubedqn.numba_cache import drop_if_stale_for  # noqa: E402
 from cubedqn.threads import limit_threads  # noqa: E402
+
+drop_if_stale_for(os.path.dirname(os.path.abspath(__file__)))  # its cached kernels call the package's
 
 EXTRA = {"cube2-b128": ("cube2", (256, 256), 128)}  # the preset's hidden widths and batch size
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 from numba import njit
@@ -26,8 +27,11 @@ from cubedqn.cube import get_puzzle
 from cubedqn.encoding import Encoder
 from cubedqn.learner import Learner, PhaseTimer
 from cubedqn.nn import Layout, mlp_backward_upper, mlp_forward_upper
+from cubedqn.numba_cache import drop_if_stale_for
 from cubedqn.replay import Batch
 from cubedqn.threads import limit_threads
+
+drop_if_stale_for(Path(__file__).parent)  # the cached kernel below calls the package's
 
 SHAPES = {"small": ("cube2", (256, 256), 64, 50), "large": ("cube3", (1024, 512), 256, 10)}
 
