@@ -1,10 +1,11 @@
 """Fused optimizers over the flat parameter buffer: SGD, momentum, Nesterov, Adam, AdamW.
 
 What this file is: one pass to measure the gradient norm (float32 partial sums of scaled
-squares, float64 total: sq_norm) and one fused pass per step that scales by the clip factor, applies weight decay
-and updates parameters and optimizer state, with no temporary arrays; for float32 that pass
-runs in chunks on the GEMM team's threads where it runs (update_chunk_*, below). Learning-rate
-schedules (constant, linear, cosine) are evaluated once per step in Python.
+squares, float64 total: sq_norm) and one fused pass per step that scales by the clip
+factor, applies weight decay and updates parameters and optimizer state, with no temporary
+arrays; for float32 that pass runs in chunks on the GEMM team's threads where it runs
+(update_chunk_*, below). Learning-rate schedules (constant, linear, cosine) are evaluated
+once per step in Python.
 
 Conventions follow PyTorch: momentum v = mu*v + g, p -= lr*v (Nesterov: p -= lr*(g + mu*v));
 Adam with bias correction; AdamW decays weights by lr*wd before the Adam step; for the
