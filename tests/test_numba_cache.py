@@ -9,7 +9,7 @@ from pathlib import Path
 
 import cubedqn
 from cubedqn import numba_cache
-from cubedqn.numba_cache import STAMP_NAME, cache_folders, refresh, source_files, sources_stamp
+from cubedqn.numba_cache import STAMP_NAME, cache_folders, drop_if_stale_for, refresh, source_files, sources_stamp
 
 
 def _tree(root: Path):
@@ -56,6 +56,24 @@ def test_the_package_stamps_its_cache_when_imported():
     assert len(folders) == 2
     assert (folders[0] / STAMP_NAME).read_text() == sources_stamp(files)
     assert not numba_cache.drop_if_stale()
+
+
+def test_a_folder_outside_the_package_gets_its_own_stamp(tmp_path):
+    """drop_if_stale_for (tests/conftest.py, the benchmark scripts): the folder's Numba
+    cache is dropped when its own modules change, under a stamp over the package's sources
+    and its own kept in its cache folder."""
+    folder = tmp_path / "scripts"
+    folder.mkdir()
+    (folder / "bench.py").write_text("x = 1\n")
+    (cache,) = cache_folders([folder / "bench.py"])  # its __pycache__, or under NUMBA_CACHE_DIR
+    (cache / "bench.k-3.py311.nbi").write_text("")
+    assert drop_if_stale_for(folder) and not (cache / "bench.k-3.py311.nbi").exists()
+    assert (cache / STAMP_NAME).read_text() == sources_stamp(source_files() + [folder / "bench.py"])
+    (cache / "bench.k-3.py311.nbi").write_text("")
+    assert not drop_if_stale_for(folder) and (cache / "bench.k-3.py311.nbi").exists()
+    st = (folder / "bench.py").stat()
+    os.utime(folder / "bench.py", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert drop_if_stale_for(folder) and not (cache / "bench.k-3.py311.nbi").exists()
 
 
 CALLEE = "from numba import njit\n\n@njit(cache=True)\ndef f():\n    return {}\n"
