@@ -68,7 +68,8 @@ def sq_norm(g):
     float64 first (sq_norm_exact) is bound by the conversions: 4.1 against 6.7 us on the
     small net's 106k values, hot; the issue's small profile command's optimizer phase
     0.0205 ms against 0.0227 with momentum, 0.0357 against 0.0375 with Adam (medians of
-    five alternating runs, runs/perf49/sqnorm_ab.txt; 0.016 with no sum at all).
+    five alternating runs, runs/perf49/sqnorm_ab.txt; with no sum at all 0.016,
+    nonorm_ab_momentum3.txt).
     The scale keeps the square of every |g| from 3.9e-34 up to 65536 a normal float32:
     subnormal arithmetic can be many times slower on x86 (an unscaled float32 loop took
     142 us instead of 6 on a real gradient, whose values below 1e-19 made subnormal
