@@ -9,6 +9,10 @@ reads the clock between parts for the same timings:
   targets "double" (default): online forward on [s; s'] as one 2B-row GEMM chain, target
       forward on s'; y = r + gamma^n (1 - done) Q_target(s', argmax_a Q_online(s', a)).
   targets "dqn": y = r + gamma^n (1 - done) max_a Q_target(s', a).
+  For both, only the transitions that bootstrap (gamma^n (1 - done) != 0) have their s'
+  scored: the target net's rows are those s', and with double targets a terminal row's
+  s' in the online net's rows is its s (bootstrapped_rows, next_state_rows). A terminal
+  transition's y is r either way; this saves its share of the target forward.
   targets "all-actions": uses the cube model. For each sampled s, all children c_a are
       formed and the target network scores them; every action is trained at once with
       y_a = -1 if c_a is solved else -1 + gamma * max_a' Q_target(c_a, a'). With the
@@ -150,19 +154,80 @@ def best_action(q, i):
     return best
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def bootstrap_value(q_next_online, q_next_target, i, j, double):
+    """Q_t(s', a*) of transition i, whose s' is row j of q_next_target: a* from the online
+    net's row i (double), else the row's max."""
+    if double:
+        return q_next_target[j, best_action(q_next_online, i)]
+    v = q_next_target[j, 0]
+    for a in range(1, q_next_target.shape[1]):
+        if q_next_target[j, a] > v:
+            v = q_next_target[j, a]
+    return v
+
+
 @njit(cache=True, error_model="numpy")
 def sampled_targets(q_next_online, q_next_target, rewards, dones, discounts, double, out):
-    """y = r + disc * (1 - done) * Q_t(s', a*) with a* from the online net (double) or Q_t."""
-    n, a_n = q_next_target.shape
+    """y = r + disc * (1 - done) * Q_t(s', a*) with a* from the online net (double) or Q_t,
+    every row's s' scored (row i of both)."""
     for i in range(out.shape[0]):
-        if double:
-            v = q_next_target[i, best_action(q_next_online, i)]
-        else:
-            v = q_next_target[i, 0]
-            for a in range(1, a_n):
-                if q_next_target[i, a] > v:
-                    v = q_next_target[i, a]
+        out[i] = rewards[i] + discounts[i] * (1.0 - dones[i]) * bootstrap_value(q_next_online, q_next_target, i,
+                                                                                 i, double)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def bootstrapped_rows(dones, discounts, live):
+    """live[:k] = the transitions whose target bootstraps, disc * (1 - done) != 0, in order;
+    returns k. The others (terminal ones) need no Q(s', .), and the step scores only these
+    rows' s': what a terminal row saves is its share of the target net's forward (and, with
+    double targets, a cheaper row in the online net's; next_state_rows)."""
+    k = 0
+    for i in range(dones.shape[0]):
+        if discounts[i] * (1.0 - dones[i]) != 0.0:
+            live[k] = i
+            k += 1
+    return k
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def live_targets(q_next_online, q_next_target, live, k, rewards, dones, discounts, double, out):
+    """sampled_targets where only the rows live[:k] (bootstrapped_rows) were scored: row j
+    of q_next_target is transition live[j]'s s' (row live[j] of q_next_online's); the
+    others get y = r + 0, the bits sampled_targets gives them (disc * 0 * Q_t is a zero)."""
+    j = np.int64(0)  # not a literal 0: bootstrap_value would compile for it too
+    for i in range(out.shape[0]):
+        v = 0.0
+        if j < k and live[j] == i:
+            v = bootstrap_value(q_next_online, q_next_target, i, j, double)
+            j += 1
         out[i] = rewards[i] + discounts[i] * (1.0 - dones[i]) * v
+
+
+@njit(cache=True, nogil=True)
+def next_state_rows(nxt_rows, own_rows, dst, row0, live, k):
+    """dst[row0 + i] = nxt_rows[i] where transition i bootstraps (live[:k]), else own_rows[i]:
+    the online net's rows of s' with double targets. A terminal row's s' is never used; its
+    state in its place makes the pair (s, s) of the sparse GEMMs' lists (halves), which
+    lists one row's nonzeros instead of two rows'."""
+    j = 0
+    for i in range(nxt_rows.shape[0]):
+        src = own_rows
+        if j < k and live[j] == i:
+            src = nxt_rows
+            j += 1
+        for c in range(nxt_rows.shape[1]):
+            dst[row0 + i, c] = src[i, c]
+
+
+@njit(cache=True, nogil=True)
+def compact_rows(a, live, k):
+    """a[j] = a[live[j]] for j < k (live increasing): the bootstrapped rows first, in order."""
+    for j in range(k):
+        r = live[j]
+        if r != j:
+            for c in range(a.shape[1]):
+                a[j, c] = a[r, c]
 
 
 # The fused step: one kernel call for a whole sampled-targets step ("dqn" / "double"), the
@@ -181,10 +246,11 @@ N_PARTS = len(FUSED_PARTS)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def best_actions(q, out):
-    """out[i] = best_action(q, i) (sampled_targets' choice for double)."""
-    for i in range(out.shape[0]):
-        out[i] = best_action(q, i)
+def best_actions(q, live, out):
+    """out[j] = best_action(q, live[j]) for j < len(out) (live_targets' choice for double,
+    the target net's picks)."""
+    for j in range(out.shape[0]):
+        out[j] = best_action(q, live[j])
 
 
 @njit(cache=True, nogil=True)
@@ -201,12 +267,14 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, duelin
                     head_t):
     """MLP.forward_ws inside the fused step: Q-values of the first `rows` input rows into q
     (rows [0, len(picks)) only at picks[i]); stamps[k] after the first layer, stamps[k + 1]
-    after the GEMM layers (and dueling head)."""
-    mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel, groups)
+    after the GEMM layers (and dueling head). No rows: nothing runs (the stamps still)."""
+    if rows > 0:
+        mlp_forward_first(idx, x, sparse, Ws, bs, acts, rows, panel, groups)
     stamp(stamps, k)
-    mlp_forward_upper(Ws, bs, acts, rows, halves, picks, head_t[0])
-    if dueling:
-        dueling_forward(acts[-1][:rows], q[:rows])
+    if rows > 0:
+        mlp_forward_upper(Ws, bs, acts, rows, halves, picks, head_t[0])
+        if dueling:
+            dueling_forward(acts[-1][:rows], q[:rows])
     stamp(stamps, k + 1)
 
 
@@ -222,7 +290,7 @@ def forward_stamped(idx, x, sparse, Ws, bs, acts, q, rows, panel, groups, duelin
 # (runs/perf37/struct_call.txt, struct_ab.txt).
 STEP_FIELDS = ("b_states", "b_next", "b_actions", "b_rewards", "b_dones", "b_discounts", "weights",
                "framed", "enc_sparse", "home_facelets", "colours", "frame_perm", "frame_cmap", "order", "act_map",
-               "states", "nxt", "rot", "rot_next", "actions_c", "head_taken", "best_next",
+               "states", "nxt", "rot", "rot_next", "actions_c", "head_taken", "best_next", "live",
                "sparse", "Ws", "bs", "idx", "x", "acts", "deltas", "q", "dq", "panel", "groups", "head_t",
                "Wts", "bts", "idx_t", "x_t", "acts_t", "q_t", "panel_t", "groups_t", "head_tt",
                "double", "dueling", "y", "td", "scale", "loss_kind",
@@ -261,14 +329,15 @@ def fused_sampled_step(s):
     step's learning rate and Adam's bias corrections (s.scalars: Optimizer.step_scalars in
     the buffer's dtype). The layers' weights and gradients (Ws, bs, Wts, bts, gWs, gbs) are
     views of params, the target's parameters and grads. Returns (loss, gradient norm before
-    clipping); stamps[0..9] get the clock at the start and after each part, and
+    clipping, the number of transitions that bootstrap, whose s' the target net scored:
+    bootstrapped_rows); stamps[0..9] get the clock at the start and after each part, and
     stamps[10..18] add up each part's nanoseconds."""
     b_states, b_next, b_actions, b_rewards, b_dones, b_discounts, weights = (
         s.b_states, s.b_next, s.b_actions, s.b_rewards, s.b_dones, s.b_discounts, s.weights)
     framed, enc_sparse, home_facelets, colours, frame_perm, frame_cmap, order, act_map = (
         s.framed, s.enc_sparse, s.home_facelets, s.colours, s.frame_perm, s.frame_cmap, s.order, s.act_map)
-    states, nxt, rot, rot_next, actions_c, head_taken, best_next = (
-        s.states, s.nxt, s.rot, s.rot_next, s.actions_c, s.head_taken, s.best_next)
+    states, nxt, rot, rot_next, actions_c, head_taken, best_next, live = (
+        s.states, s.nxt, s.rot, s.rot_next, s.actions_c, s.head_taken, s.best_next, s.live)
     sparse, Ws, bs, idx, x, acts, deltas, q, dq, panel, groups, head_t = (
         s.sparse, s.Ws, s.bs, s.idx, s.x, s.acts, s.deltas, s.q, s.dq, s.panel, s.groups, s.head_t)
     Wts, bts, idx_t, x_t, acts_t, q_t, panel_t, groups_t, head_tt = (
@@ -290,9 +359,13 @@ def fused_sampled_step(s):
                             idx[:n], x[:n])
     encode_rotated_or_plain(framed, enc_sparse, nxt, home_facelets, colours, frame_perm, frame_cmap, order,
                             rot_next, idx_t[:n], x_t[:n])
-    if double:  # the online net's rows n..2n are the same inputs
-        copy_rows(idx_t[:n], idx, n)
-        copy_rows(x_t[:n], x, n)
+    # only the transitions that bootstrap have their s' scored (n_boot of the n rows)
+    n_boot = bootstrapped_rows(b_dones, b_discounts, live)
+    if double:  # the online net's rows n..2n are the same inputs (a terminal row's: its s)
+        next_state_rows(idx_t[:n], idx[:n], idx, n, live, n_boot)
+        next_state_rows(x_t[:n], x[:n], x, n, live, n_boot)
+    compact_rows(idx_t, live, n_boot)  # the target's rows: those s', in order
+    compact_rows(x_t, live, n_boot)
     actions_to_canonical(b_actions, rot, act_map, actions_c)
     stamp(stamps, np.int64(1))
     # the online head's rows of s: only the taken action's value, where head_taken says so
@@ -302,15 +375,16 @@ def fused_sampled_step(s):
     if double:  # rows s, then s' (a state and its successor share more of their zeros: halves)
         forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n, panel, groups, dueling, stamps, np.int64(2), double,
                         picks, head_t)
-        best_actions(q[n:2 * n], best_next[:picks.shape[0]])
-        forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps,
-                        np.int64(4), np.bool_(False), best_next[:picks.shape[0]], head_tt)
+        picks_t = best_next[:n_boot if picks.shape[0] > 0 else 0]
+        best_actions(q[n:2 * n], live, picks_t)
+        forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n_boot, panel_t, groups_t, dueling, stamps,
+                        np.int64(4), np.bool_(False), picks_t, head_tt)
     else:
-        forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n, panel_t, groups_t, dueling, stamps,
+        forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n_boot, panel_t, groups_t, dueling, stamps,
                         np.int64(2), np.bool_(False), best_next[:0], head_tt)
         forward_stamped(idx, x, sparse, Ws, bs, acts, q, n, panel, groups, dueling, stamps, np.int64(4), double,
                         picks, head_t)
-    sampled_targets(q[n:2 * n] if double else q_t[:n], q_t[:n], b_rewards, b_dones, b_discounts, double, y)
+    live_targets(q[n:2 * n] if double else q_t[:n_boot], q_t[:n_boot], live, n_boot, b_rewards, b_dones, b_discounts, double, y)
     loss = loss_taken(q[:n], actions_c, y, weights, scale, loss_kind, dq, td, n)
     if dueling:
         dueling_backward(dq[:n], deltas[-1][:n])
@@ -325,7 +399,7 @@ def fused_sampled_step(s):
     stamp(stamps, np.int64(9))
     for k in range(N_PARTS):
         stamps[N_PARTS + 1 + k] += stamps[k + 1] - stamps[k]
-    return loss, norm
+    return loss, norm, n_boot
 
 
 @njit(cache=True, error_model="numpy")
@@ -516,6 +590,11 @@ class Learner:
         if layout.n_layers < 2:
             self.head_taken = self.actions_c[:0]
         self.best_next = np.zeros(micro, np.int64)
+        # sampled targets: the transitions that bootstrap (bootstrapped_rows), whose s' alone
+        # the target net scores; how many it scored in the last (micro-)batch and in all
+        self.live = np.zeros(micro, np.int64)
+        self.last_target_rows = 0
+        self.target_rows_scored = 0
         self.Yc = np.zeros((micro, self.n_actions), self.dtype)
         # lazy first-layer update: the rows of W1 the batch touched and their gradients
         # (see nn.sparse_backward_compact)
@@ -635,8 +714,10 @@ class Learner:
         sc = self.scalars  # this step's numbers, in the buffer's dtype as step_args makes them
         sc[0], sc[1], sc[2] = opt.step_scalars()
         args, kernel = self._step_args(batch, use_weights)
-        loss, norm = kernel(args)
+        loss, norm, k = kernel(args)
         opt.last_norm = float(norm)
+        self.last_target_rows = k
+        self.target_rows_scored += k
         self.updates += 1
         t2 = time.perf_counter()
         self._call_s += t2 - t0
@@ -661,7 +742,7 @@ class Learner:
             enc.framed, enc.sparse, enc.home_facelets, enc.colours, enc.frame_perm, enc.frame_cmap,
             enc.sticker_order, enc.act_map,
             self.states_c, self.next_c, self.rot, self.rot_scratch, self.actions_c, self.head_taken, self.best_next,
-            on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
+            self.live, on.sparse, on.Ws, on.bs, ws.idx, ws.x, ws.acts, ws.deltas, ws.q, ws.dq, ws.panel, ws.groups,
             ws.head_t, tg.Ws, tg.bs, wt.idx, wt.x, wt.acts, wt.q, wt.panel, wt.groups, wt.head_t,
             self.targets == "double", self.layout.dueling, self.y, self.td, 1.0 / self.batch_size,
             self.loss_kind,
@@ -736,33 +817,49 @@ class Learner:
             nxt = self.next_c
             np.copyto(nxt, batch.next_states[sl])
             enc.encode(nxt, wt, 0, self.rot_scratch[:m], want_codes=False)
-            if self.targets == "double":  # the online net's rows m..2m are the same inputs
-                ws.idx[m:2 * m] = wt.idx[:m]
-                ws.x[m:2 * m] = wt.x[:m]
+            # as fused_sampled_step: only the k transitions that bootstrap have their s' scored
+            live = self.live
+            k = bootstrapped_rows(batch.dones[sl], batch.discounts[sl], live)
+            if self.targets == "double":  # the online net's rows m..2m are the same inputs (or s)
+                next_state_rows(wt.idx[:m], ws.idx[:m], ws.idx, m, live, k)
+                next_state_rows(wt.x[:m], ws.x[:m], ws.x, m, live, k)
+            compact_rows(wt.idx, live, k)
+            compact_rows(wt.x, live, k)
             actions_to_canonical(batch.actions[sl], self.rot, enc.act_map, self.actions_c)
             laps.lap("encode")
-            # as fused_sampled_step: the head's rows of s at the taken actions alone (picks),
-            # with double targets the online net first and the target's rows at its choice
+            # the head's rows of s at the taken actions alone (picks), with double targets the
+            # online net first and the target's rows at its choice
             picks = self.head_taken[:m]
             if self.targets == "double":
                 q_all = on.forward_ws(ws, 2 * m, laps, halves=True, picks=picks)
                 q, q_next_on = q_all[:m], q_all[m:]
-                best = self.best_next[:len(picks)]
-                best_actions(q_next_on, best)
-                q_next_t = tg.forward_ws(wt, m, laps, picks=best)
+                best = self.best_next[:k if len(picks) else 0]
+                best_actions(q_next_on, live, best)
+                q_next_t = self._target_forward(k, laps, best)
             else:
-                q_next_t = tg.forward_ws(wt, m, laps)
+                q_next_t = self._target_forward(k, laps, None)
                 q = on.forward_ws(ws, m, laps, picks=picks)
                 q_next_on = q_next_t
+            self.last_target_rows = k
+            self.target_rows_scored += k
             # argmax/max over actions is frame independent: no relabelling of q_next_*
-            sampled_targets(q_next_on, q_next_t, batch.rewards[sl], batch.dones[sl], batch.discounts[sl],
-                            self.targets == "double", self.y)
+            live_targets(q_next_on, q_next_t, live, k, batch.rewards[sl], batch.dones[sl], batch.discounts[sl],
+                         self.targets == "double", self.y)
             loss = loss_taken(q, self.actions_c, self.y, weights, scale, self.loss_kind, ws.dq,
                               self.td[sl], m)
         if self.layout.dueling:
             dueling_backward(ws.dq[:m], ws.deltas[-1][:m])
         laps.lap("targets and loss")
         return loss
+
+    def _target_forward(self, rows, laps, picks):
+        """The target net's Q-values of its workspace's first `rows` rows (none: nothing runs,
+        the laps are still told)."""
+        if rows:
+            return self.target.forward_ws(self.ws_t, rows, laps, picks=picks)
+        laps.lap("first layer")
+        laps.lap("GEMM layers")
+        return self.ws_t.q[:0]
 
     @property
     def last_mean_q(self):

@@ -281,7 +281,9 @@ def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
     where tile_sparse.py's path takes a product (the tile takes it, its columns are whole
     panels, the lists are within FILL_MAX) its multiply-adds are the lists', else all of
     them. Rows: the forward passes' (forward_rows); the backward's are the batch's. The Q
-    head's backward from the taken actions alone (no GEMM) counts as the layout counts it."""
+    head's backward from the taken actions alone (no GEMM) counts as the layout counts it.
+    The s' of terminal transitions, which the step does not score (learner.bootstrapped_rows),
+    count in the dense FLOPs and not in the done ones."""
     from . import threads, tile_gemm, tile_sparse
     layout, ws, wt = learner.layout, learner.ws, learner.ws_t
     w, L, b = layout.widths, layout.n_layers, learner.micro  # the last micro-batch's rows (grad_accum)
@@ -302,14 +304,19 @@ def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
     parts = []
     r_on, r_tg = int(rows_online / scale), int(min(rows_target / scale, wt.rows))
     p_on, p_tg = picked_rows(learner, r_on, r_tg)
+    # sampled targets: the target net scored the s' of the transitions that bootstrap alone
+    # (learner.bootstrapped_rows); the rows it left out count as dense and not done
+    r_run = min(r_tg, learner.last_target_rows) if learner.targets != "all-actions" else r_tg
+    p_run = min(p_tg, r_run)
     for l in range(1, L):
         # double targets: the online rows are s, then s', paired by halves (mlp_forward_upper);
         # the head's picked rows (nn.head_forward_picked) come first, one column each
-        lo_on, lo_tg = (p_on, p_tg) if l == L - 1 else (0, 0)
+        lo_on, lo_tg, lo_run = (p_on, p_tg, p_run) if l == L - 1 else (0, 0, 0)
         parts.append(product(ws.acts[l - 1][lo_on:r_on], w[l + 1], halves=learner.targets == "double" and lo_on == 0))
-        parts.append(product(wt.acts[l - 1][lo_tg:r_tg], w[l + 1]))
+        d, n = product(wt.acts[l - 1][lo_run:r_run], w[l + 1])
+        parts.append((d, n + 2.0 * ((r_tg - lo_tg) - (r_run - lo_run)) * w[l] * w[l + 1]))
         if lo_on + lo_tg:
-            parts.append((2.0 * (lo_on + lo_tg) * w[l],) * 2)
+            parts.append((2.0 * (lo_on + lo_run) * w[l], 2.0 * (lo_on + lo_tg) * w[l]))
     for l in range(1, L):
         if l == L - 1 and len(learner.head_taken) > 0:
             head = 4.0 * b * w[L - 1]  # flops_gemm_backward(head=False)'s share of the head
@@ -373,6 +380,7 @@ def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
     g0, e0, scored0, eps0 = trainer.grad_steps, trainer.env_steps, trainer.states_scored, trainer.epsilon()
     learner = trainer.learner
     lk0, hit0, sc0 = learner.cache_lookups, learner.cache_hits, learner.children_scored
+    boot0 = learner.target_rows_scored
     cc = learner.child_codes
     cc0 = (cc.lookups, cc.hits) if cc is not None else (0, 0)
     t0 = time.perf_counter()
@@ -421,6 +429,10 @@ def profile_training(cfg, steps, warmup, device="cpu", epsilon=None) -> dict:
         # acting: the exploration rate at the timed steps' start and end, and the share of
         # the env states the network scored (the greedy ones)
         "epsilon_start": eps0, "epsilon_end": eps1,
+        # sampled targets: the share of the timed steps' transitions that bootstrapped, whose
+        # s' the target net scored (the terminal ones' it skips: learner.bootstrapped_rows)
+        "bootstrapped_fraction": ((learner.target_rows_scored - boot0) / (n * cfg.batch_size)
+                                  if cfg.targets != "all-actions" and device == "cpu" else None),
         "act_scored_fraction": ((trainer.states_scored - scored0) / (trainer.env_steps - e0)
                                 if trainer.env_steps > e0 else None),
         "flops_per_step": fwd + bwd, "gflops": (fwd + bwd) / gemm_s / 1e9 if gemm_s > 0 else None,
@@ -483,6 +495,9 @@ def format_report(r: dict) -> str:
         lines.append(f"acting: epsilon {r['epsilon_start']:.2f} -> {r['epsilon_end']:.2f} over the timed steps; "
                      f"the network scored {100 * r['act_scored_fraction']:.0f}% of the env states (the greedy ones; "
                      f"--epsilon fixes the rate)")
+    if r.get("bootstrapped_fraction") is not None:
+        lines.append(f"targets: {100 * r['bootstrapped_fraction']:.0f}% of the sampled transitions bootstrapped "
+                     f"(the target net scored their s'; the terminal ones' it skips)")
     if r["gflops"] and r.get("device") == "cuda":  # the sgemm peak is the host's: no ratio
         lines.append(f"forward+backward phases: {r['gflops']:.1f} GFLOP/s on the GPU, host encoding included")
     elif r["gflops"]:

@@ -726,6 +726,44 @@ def test_whole_step_equals_the_numpy_reference(targets):
     assert opt.max_norm and lr.opt.last_norm > 0.5  # the clip was active
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("targets", ["double", "dqn"])
+def test_terminal_transitions_skip_the_target_forward(targets, fused):
+    """Only the transitions that bootstrap have their s' scored: the target net's rows are
+    those s' in order, with double targets the online net's rows of s' hold s in a terminal
+    transition's place, and the step's values are the reference's. An all-terminal batch
+    runs no target forward: NaN target weights do not reach its targets or loss."""
+    layout = Layout(144, 24, (16, 8), 12)
+    moves = np.ascontiguousarray(P2.moves[:12])
+    lr = Learner(layout, moves, 8, Encoder(P2, 12, canonical=False), targets=targets, dtype=np.float64, seed=3,
+                 optimizer="momentum", lr=0.05, fused=fused, target_update_interval=10 ** 6)
+    assert lr.fused == fused
+    b = a_batch(seed=5)
+    b.dones[:] = [0, 1, 1, 0, 0, 1, 0, 1]
+    live = [0, 3, 4, 6]
+    p, p_target = lr.online.params.copy(), lr.target.params.copy()
+    x, x_next = ref.onehot(b.states), ref.onehot(b.next_states)
+    q_t = ref.forward(layout, p_target, x_next)[0]
+    y = ref.double_dqn_targets(b.rewards, b.dones, b.discounts, ref.forward(layout, p, x_next)[0], q_t) \
+        if targets == "double" else ref.dqn_targets(b.rewards, b.dones, b.discounts, q_t)
+    loss, _ = ref.loss_and_dq(ref.forward(layout, p, x)[0], "huber", y, b.actions)
+    assert lr.train_step(b) == pytest.approx(loss, rel=1e-12)
+    assert lr.last_target_rows == 4 and lr.target_rows_scored == 4
+    np.testing.assert_allclose(lr.y, y, rtol=1e-12)
+    assert np.array_equal(lr.y[[1, 2, 5, 7]], b.rewards[[1, 2, 5, 7]])  # r + 0, exactly
+    W1t, b1t = lr.target.Ws[0], lr.target.bs[0]
+    np.testing.assert_allclose(lr.ws_t.acts[0][:4], np.maximum(x_next[live] @ W1t + b1t, 0), rtol=1e-12)
+    if targets == "double":
+        first = lr.ws.acts[0]
+        assert np.array_equal(first[8 + np.array([1, 2, 5, 7])], first[[1, 2, 5, 7]])
+        assert not np.array_equal(first[8 + np.array(live)], first[live])
+    b.dones[:] = 1
+    lr.target.params[:] = np.nan
+    loss = lr.train_step(b)
+    assert lr.last_target_rows == 0 and lr.target_rows_scored == 4
+    assert np.array_equal(lr.y, b.rewards) and np.isfinite(loss) and np.isfinite(lr.online.params).all()
+
+
 @pytest.mark.parametrize("targets", ["double", "all-actions"])
 def test_phase_parts_add_up_to_their_phase(targets):
     from cubedqn.learner import PhaseTimer
