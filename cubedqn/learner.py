@@ -212,12 +212,13 @@ def next_state_rows(nxt_rows, own_rows, dst, row0, live, k):
     lists one row's nonzeros instead of two rows'."""
     j = 0
     for i in range(nxt_rows.shape[0]):
-        src = own_rows
         if j < k and live[j] == i:
-            src = nxt_rows
             j += 1
-        for c in range(nxt_rows.shape[1]):
-            dst[row0 + i, c] = src[i, c]
+            for c in range(nxt_rows.shape[1]):
+                dst[row0 + i, c] = nxt_rows[i, c]
+        else:
+            for c in range(own_rows.shape[1]):
+                dst[row0 + i, c] = own_rows[i, c]
 
 
 @njit(cache=True, nogil=True)
