@@ -155,28 +155,6 @@ def best_action(q, i):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def bootstrap_value(q_next_online, q_next_target, i, j, double):
-    """Q_t(s', a*) of transition i, whose s' is row j of q_next_target: a* from the online
-    net's row i (double), else the row's max."""
-    if double:
-        return q_next_target[j, best_action(q_next_online, i)]
-    v = q_next_target[j, 0]
-    for a in range(1, q_next_target.shape[1]):
-        if q_next_target[j, a] > v:
-            v = q_next_target[j, a]
-    return v
-
-
-@njit(cache=True, error_model="numpy")
-def sampled_targets(q_next_online, q_next_target, rewards, dones, discounts, double, out):
-    """y = r + disc * (1 - done) * Q_t(s', a*) with a* from the online net (double) or Q_t,
-    every row's s' scored (row i of both)."""
-    for i in range(out.shape[0]):
-        out[i] = rewards[i] + discounts[i] * (1.0 - dones[i]) * bootstrap_value(q_next_online, q_next_target, i,
-                                                                                 i, double)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def bootstrapped_rows(dones, discounts, live):
     """live[:k] = the transitions whose target bootstraps, disc * (1 - done) != 0, in order;
     returns k. The others (terminal ones) need no Q(s', .), and the step scores only these
@@ -191,16 +169,23 @@ def bootstrapped_rows(dones, discounts, live):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def live_targets(q_next_online, q_next_target, live, k, rewards, dones, discounts, double, out):
-    """sampled_targets where only the rows live[:k] (bootstrapped_rows) were scored: row j
-    of q_next_target is transition live[j]'s s' (row live[j] of q_next_online's); the
-    others get y = r + 0, the bits sampled_targets gives them (disc * 0 * Q_t is a zero)."""
-    j = np.int64(0)  # not a literal 0: bootstrap_value would compile for it too
+def live_targets(q_next_target, live, k, best, rewards, dones, discounts, double, out):
+    """y = r + disc * (1 - done) * Q_t(s', a*) where only the rows live[:k]
+    (bootstrapped_rows) were scored: row j of q_next_target is transition live[j]'s s',
+    valued at best[j] (double: the online net's choice, best_actions) or at its max. The
+    others get y = r + disc * (1 - done) * 0, which is r (a finite Q_t there would have
+    made it the same)."""
     for i in range(out.shape[0]):
-        v = 0.0
-        if j < k and live[j] == i:
-            v = bootstrap_value(q_next_online, q_next_target, i, j, double)
-            j += 1
+        out[i] = rewards[i] + discounts[i] * (1.0 - dones[i]) * 0.0
+    for j in range(k):
+        if double:
+            v = q_next_target[j, best[j]]
+        else:
+            v = q_next_target[j, 0]
+            for a in range(1, q_next_target.shape[1]):
+                if q_next_target[j, a] > v:
+                    v = q_next_target[j, a]
+        i = live[j]
         out[i] = rewards[i] + discounts[i] * (1.0 - dones[i]) * v
 
 
@@ -248,8 +233,8 @@ N_PARTS = len(FUSED_PARTS)
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def best_actions(q, live, out):
-    """out[j] = best_action(q, live[j]) for j < len(out) (live_targets' choice for double,
-    the target net's picks)."""
+    """out[j] = best_action(q, live[j]) for j < len(out): double targets' choice (live_targets),
+    and the target net's picks."""
     for j in range(out.shape[0]):
         out[j] = best_action(q, live[j])
 
@@ -376,8 +361,8 @@ def fused_sampled_step(s):
     if double:  # rows s, then s' (a state and its successor share more of their zeros: halves)
         forward_stamped(idx, x, sparse, Ws, bs, acts, q, 2 * n, panel, groups, dueling, stamps, np.int64(2), double,
                         picks, head_t)
+        best_actions(q[n:2 * n], live, best_next[:n_boot])
         picks_t = best_next[:n_boot if picks.shape[0] > 0 else 0]
-        best_actions(q[n:2 * n], live, picks_t)
         forward_stamped(idx_t, x_t, sparse, Wts, bts, acts_t, q_t, n_boot, panel_t, groups_t, dueling, stamps,
                         np.int64(4), np.bool_(False), picks_t, head_tt)
     else:
@@ -385,7 +370,7 @@ def fused_sampled_step(s):
                         np.int64(2), np.bool_(False), best_next[:0], head_tt)
         forward_stamped(idx, x, sparse, Ws, bs, acts, q, n, panel, groups, dueling, stamps, np.int64(4), double,
                         picks, head_t)
-    live_targets(q[n:2 * n] if double else q_t[:n_boot], q_t[:n_boot], live, n_boot, b_rewards, b_dones, b_discounts, double, y)
+    live_targets(q_t[:n_boot], live, n_boot, best_next, b_rewards, b_dones, b_discounts, double, y)
     loss = loss_taken(q[:n], actions_c, y, weights, scale, loss_kind, dq, td, n)
     if dueling:
         dueling_backward(dq[:n], deltas[-1][:n])
@@ -833,18 +818,16 @@ class Learner:
             picks = self.head_taken[:m]
             if self.targets == "double":
                 q_all = on.forward_ws(ws, 2 * m, laps, halves=True, picks=picks)
-                q, q_next_on = q_all[:m], q_all[m:]
-                best = self.best_next[:k if len(picks) else 0]
-                best_actions(q_next_on, live, best)
-                q_next_t = self._target_forward(k, laps, best)
+                best_actions(q_all[m:], live, self.best_next[:k])
+                q = q_all[:m]
+                q_next_t = self._target_forward(k, laps, self.best_next[:k if len(picks) else 0])
             else:
                 q_next_t = self._target_forward(k, laps, None)
                 q = on.forward_ws(ws, m, laps, picks=picks)
-                q_next_on = q_next_t
             self.last_target_rows = k
             self.target_rows_scored += k
             # argmax/max over actions is frame independent: no relabelling of q_next_*
-            live_targets(q_next_on, q_next_t, live, k, batch.rewards[sl], batch.dones[sl], batch.discounts[sl],
+            live_targets(q_next_t, live, k, self.best_next, batch.rewards[sl], batch.dones[sl], batch.discounts[sl],
                          self.targets == "double", self.y)
             loss = loss_taken(q, self.actions_c, self.y, weights, scale, self.loss_kind, ws.dq,
                               self.td[sl], m)

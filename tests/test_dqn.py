@@ -13,7 +13,7 @@ from cubedqn.cube import expand_children, get_puzzle, solved_batch
 from cubedqn.dqn import Trainer, load_policy
 from cubedqn.env import VecEnv, draw_explorers, greedy_actions, select_actions
 from cubedqn.encoding import Encoder, Policy, q_to_world
-from cubedqn.learner import Learner, all_action_targets, row_max, sampled_targets
+from cubedqn.learner import Learner, all_action_targets, best_actions, bootstrapped_rows, live_targets, row_max
 from cubedqn.nn import ALIGN, MLP, Layout
 from cubedqn.replay import Batch, RecordLayout, ReplayBuffer, _fill_ring, tree_find, tree_rebuild, tree_set
 from cubedqn.rng import make_rng
@@ -552,16 +552,24 @@ def test_ended_count_matches_the_ended_marks():
 
 
 def test_double_vs_vanilla_targets_on_a_hand_made_batch():
-    q_on = np.array([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0]])
-    q_t = np.array([[4.0, 0.5, 1.0], [2.0, 7.0, 1.0]])
-    r = np.array([-1.0, -1.0]); d = np.array([0.0, 1.0]); disc = np.array([0.9, 0.9])
-    y = np.zeros(2)
-    sampled_targets(q_on, q_t, r, d, disc, True, y)
-    np.testing.assert_allclose(y, [-1 + 0.9 * 0.5, -1.0])  # argmax online = 1 -> Q_t = 0.5
+    """live_targets on the rows that bootstrap (bootstrapped_rows), the target's rows of
+    them compacted, against the reference's targets over every row."""
+    q_on = np.array([[1.0, 5.0, 2.0], [0.0, -1.0, 3.0], [2.0, 0.0, 1.0]])
+    q_t = np.array([[4.0, 0.5, 1.0], [2.0, 7.0, 1.0], [-3.0, 6.0, -2.0]])
+    r = np.array([-1.0, -1.0, -1.0]); d = np.array([0, 1, 0], np.uint8); disc = np.array([0.9, 0.9, 0.81])
+    live, best, y = np.zeros(3, np.int64), np.zeros(3, np.int64), np.zeros(3)
+    k = bootstrapped_rows(d, disc, live)
+    assert k == 2 and list(live[:2]) == [0, 2]
+    best_actions(q_on, live, best[:k])
+    assert list(best[:k]) == [1, 0]
+    live_targets(q_t[live[:k]], live, k, best, r, d, disc, True, y)
+    np.testing.assert_allclose(y, [-1 + 0.9 * 0.5, -1.0, -1 + 0.81 * -3.0])  # argmax online 1 -> Q_t 0.5
     np.testing.assert_allclose(y, ref.double_dqn_targets(r, d, disc, q_on, q_t))
-    sampled_targets(q_on, q_t, r, d, disc, False, y)
-    np.testing.assert_allclose(y, [-1 + 0.9 * 4.0, -1.0])
+    live_targets(q_t[live[:k]], live, k, best, r, d, disc, False, y)
+    np.testing.assert_allclose(y, [-1 + 0.9 * 4.0, -1.0, -1 + 0.81 * 6.0])
     np.testing.assert_allclose(y, ref.dqn_targets(r, d, disc, q_t))
+    disc[0] = 0.0  # no discount: nothing to bootstrap either
+    assert bootstrapped_rows(d, disc, live) == 1 and live[0] == 2
 
 
 def test_all_actions_targets_equal_per_action_ones():

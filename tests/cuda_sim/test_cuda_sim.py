@@ -106,14 +106,14 @@ def test_dense_layer_matches_cpu():
 
 @pytest.mark.parametrize("kind, double", [(0, True), (1, False)])
 def test_sampled_loss_matches_cpu(kind, double):
-    from cubedqn.learner import sampled_targets
+    from cubedqn import reference as ref
     n = 11  # more rows than the simulator's loss block: the row loop and the block sum both run
     q, q_on, q_t = f32(n, 3) * 2, f32(n, 3), f32(n, 3)
     a = RNG.integers(0, 3, n)
     f = np.stack([np.abs(f32(n)), f32(n), (RNG.random(n) < 0.3).astype(np.float32),
                   np.full(n, 0.9, np.float32)])
     y = np.empty(n, np.float32)
-    sampled_targets(q_on, q_t, f[1], f[2], f[3], double, y)
+    y[:] = ref.double_dqn_targets(f[1], f[2], f[3], q_on, q_t) if double else ref.dqn_targets(f[1], f[2], f[3], q_t)
     dq, td = np.empty_like(q), np.empty(n, np.float32)
     loss = loss_taken(q, a, y, f[0], 0.25, kind, dq, td, n)
     d_dq, out = poisoned((n, 3)), poisoned(2 + n)
