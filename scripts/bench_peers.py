@@ -25,7 +25,10 @@ with its own PhaseTimer, minus its GEMM layers (the timer adds a few us). The ho
 the medians, the peak and the timed step are different moments, all printed. Where the
 tile's sparse path (cubedqn/tile_sparse.py) runs, the GEMMs leave out the zero terms of
 their ReLU inputs: the bound is then on the multiply-adds they did in the step
-(profiling.gemm_flops_done, from the step's own activations), not the dense count.
+(profiling.gemm_flops_done, from the step's own activations), not the dense count. The
+batch (make_data) has a tenth of its transitions terminal; cubedqn does not score their
+s' (y = r there; README, Design notes), the peers score every row: the script says how
+many it skipped.
 
 With --bf16, also cubedqn with matmul_precision bfloat16 and the peers' bf16 mixed
 precision (rows "cubedqn bf16", "pytorch bf16", "jax bf16"), and a line of its ratios.
@@ -518,6 +521,9 @@ def main():
         print(f"cubedqn's step timed again by its own PhaseTimer: {timed:.3f} ms/step, of it the GEMM layers "
               f"{gemm_step:.3f} ms ({g_flops / gemm_step / 1e6:.1f} GFLOP/s) and the rest {rest:.3f} ms")
         from cubedqn.profiling import gemm_flops_done
+        if lr.last_target_rows < bsz:
+            print(f"cubedqn's target net scored the s' of {lr.last_target_rows} of the batch's {bsz} transitions: the "
+                  f"other {bsz - lr.last_target_rows} are terminal (y = r), whose s' the peers score like the rest")
         done, dense = gemm_flops_done(lr, 2 * bsz, bsz)
         if done < dense:  # the bound is on what the GEMMs did
             g_flops *= done / dense
