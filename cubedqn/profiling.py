@@ -262,25 +262,48 @@ def gemm_layers_rate(trainer, parts, children_per_step=None) -> dict:
             "gemm_layers_gflops": flops / (f_ms + b_ms) / 1e6}
 
 
+def _paired_rows(op_a, halves):
+    """op(A)'s rows as tile_sparse.py pairs them: (first rows, second rows), an odd last
+    row's partner a row of zeros (neighbours 0 and 1, 2 and 3, ...; with halves and an even
+    count, i and i + M/2)."""
+    a = np.asarray(op_a)
+    if halves and a.shape[0] % 2 == 0:
+        return a[:a.shape[0] // 2], a[a.shape[0] // 2:]
+    if a.shape[0] % 2:
+        a = np.vstack([a, np.zeros((1, a.shape[1]), a.dtype)])
+    return a[0::2], a[1::2]
+
+
 def listed_fraction(op_a, halves=False) -> float:
     """tile_sparse.py's lists for C = op(A) @ B: the k where either row of a pair of op(A)'s
-    rows (0 and 1, 2 and 3, ...; an odd last row alone; with halves and an even count, i and
-    i + M/2) is nonzero, as a fraction of K, i.e. of the dense loops' multiply-adds."""
-    nz = np.asarray(op_a) != 0
-    if halves and nz.shape[0] % 2 == 0:
-        half = nz.shape[0] // 2
-        return float((nz[:half] | nz[half:]).mean()) if nz.size else 1.0
-    if nz.shape[0] % 2:
-        nz = np.vstack([nz, np.zeros((1, nz.shape[1]), bool)])
-    return float((nz[0::2] | nz[1::2]).mean()) if nz.size else 1.0
+    rows (_paired_rows) is nonzero, as a fraction of K (the path's test against FILL_MAX)."""
+    r0, r1 = _paired_rows(op_a, halves)
+    return float(((r0 != 0) | (r1 != 0)).mean()) if r0.size else 1.0
+
+
+def walked_fraction(op_a, halves=False, trans_a=False) -> float:
+    """The multiply-adds tile_sparse.py's walks do for C = op(A) @ B, as a fraction of the
+    dense loops': each pair's list (listed_fraction) times its rows, one where the two rows
+    hold the same bits or there is no second row (op(A) = A: the walk of twins), else two."""
+    a = np.asarray(op_a)
+    if a.size == 0:
+        return 1.0
+    r0, r1 = _paired_rows(a, halves)
+    listed = ((r0 != 0) | (r1 != 0)).sum(axis=1)
+    rows = np.full(len(r0), 2)
+    if not trans_a:
+        rows[(r0.view(np.uint32) == r1.view(np.uint32)).all(axis=1)] = 1
+        if a.shape[0] % 2:
+            rows[-1] = 1
+    return float((listed * rows).sum() / a.size)
 
 
 def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
     """(FLOPs the GEMM layers' products did, their dense FLOPs) in the learner's last
     training step, from its workspaces' activations and deltas (float32 CPU learners):
     where tile_sparse.py's path takes a product (the tile takes it, its columns are whole
-    panels, the lists are within FILL_MAX) its multiply-adds are the lists', else all of
-    them. Rows: the forward passes' (forward_rows); the backward's are the batch's. The Q
+    panels, the lists are within FILL_MAX) its multiply-adds are the walks' (walked_fraction),
+    else all of them. Rows: the forward passes' (forward_rows); the backward's are the batch's. The Q
     head's backward from the taken actions alone (no GEMM) counts as the layout counts it.
     The s' of terminal transitions, which the step does not score (learner.bootstrapped_rows),
     count in the dense FLOPs and not in the done ones."""
@@ -297,8 +320,9 @@ def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
         if not on or n % tile_sparse.PANEL or not tile_gemm.takes(m, n, k, trans_a, trans_b, bias=not (trans_a or
                                                                                                       trans_b)):
             return dense, dense
-        f = listed_fraction(op_a, halves)
-        return (dense * f if f <= tile_sparse.FILL_MAX else dense), dense
+        if listed_fraction(op_a, halves) > tile_sparse.FILL_MAX:
+            return dense, dense
+        return dense * walked_fraction(op_a, halves, trans_a), dense
 
     done = dense = 0.0
     parts = []

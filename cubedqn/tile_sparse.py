@@ -29,6 +29,17 @@ KB with AVX2) is copied to the stack as the tile does, and each pair walks its l
 entry, one panel row of four vectors loaded, each row's value broadcast, eight FMAs into
 eight chains in registers (with AVX2, 14 of the 16 ymm registers).
 
+Twins: a pair whose two rows hold the same bits (in a double-DQN step the online net's
+row of a terminal transition's s' holds its s, learner.next_state_rows), or a last row
+without a partner, walks as one row: four FMAs an entry instead of eight, the sums stored
+to both rows (the same bits the two walks would make). The lists note it as they are made
+(an OR of the rows' XORs, one op a vector), K block by K block: a pair walks as one while
+its rows have been the same in every block so far (C's two rows are then the same too).
+Alone and hot, the online forward's 128 x 256 x 256 product at half zeros, paired by
+halves (runs/perf51/twins_product2.txt): 14 twin pairs of 64 107.9-110.1 us against
+113.3-113.6 before, 26 of 64 96.9-99.2 against 107.1-107.3, none 121.7-123.3 against
+121.7-122.0.
+
 Cost (AVX-512): one FMA per listed k and row, about 1.1x a dense tile FMA when the host
 runs fast, more when it does not (the lists and panel rows are loads the dense tile does
 not make), so it pays while the pairs' lists are under ~0.78 of K (FILL_MAX; on the Zen
@@ -86,7 +97,7 @@ def function_type():
 
 def emit(mod):
     """The function NAME (internal, of function_type()) into mod; returns it."""
-    i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    i1, i8, i32, i64, f32 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
     vec, ivec, mvec = ir.VectorType(f32, LANES), ir.VectorType(i32, LANES), ir.VectorType(i1, LANES)
     fma = declare(mod, f"llvm.fma.v{LANES}f32", ir.FunctionType(vec, [vec, vec, vec]))
     bits = ir.IntType(LANES)  # a lane mask as an integer
@@ -150,6 +161,8 @@ def emit(mod):
     values = [b.bitcast(b.alloca(ir.ArrayType(f32, ROW_BLOCK // 2 * ROW_SLOTS)), f32.as_pointer())
               for _ in range(2)]
     lengths = b.bitcast(b.alloca(ir.ArrayType(i64, ROW_BLOCK // 2)), i64.as_pointer())
+    # per pair: whether it walks as one row (TWINS, below): 1 or 0
+    solo = b.bitcast(b.alloca(ir.ArrayType(i8, ROW_BLOCK // 2)), i8.as_pointer())
     a_t, b_t = b.icmp_signed("!=", a_trans, c64(0)), b.icmp_signed("!=", b_trans, c64(0))
     has_bias = b.icmp_unsigned("!=", b.ptrtoint(bias, i64), c64(0))
     relu_on = b.and_(has_bias, b.icmp_signed("!=", relu, c64(0)))
@@ -187,10 +200,18 @@ def emit(mod):
         b.store(packed[2], vptr(offsets, at, ivec), align=4)
         return b.add(pos, b.zext(b.call(popcount, [b.bitcast(m, bits)]), i64))
 
-    def list_rows(g0, pairs, k0, kn):
+    wide = ir.IntType(32 * LANES)
+
+    def differing(v0, v1, diff):
+        """diff | (v0's bits ^ v1's bits): zero while two rows' vectors hold the same bits
+        (one ternary-logic op a vector, where a compare and a mask test were three)."""
+        return b.or_(diff, b.xor(b.bitcast(v0, ivec), b.bitcast(v1, ivec)))
+
+    def list_rows(g0, pairs, k0, kn, first):
         """Pair p's list (p < pairs) of op(A)'s rows pair_rows(g0 + p) (a missing second row
         reads as zero) over k in [k0, k0 + kn); returns the sum of the lists' lengths.
-        A as is: each pair's two rows, LANES k at a time (the last vector masked)."""
+        A as is: each pair's two rows, LANES k at a time (the last vector masked). Sets
+        solo[p] (first: the first K block) where the pair walks as one row (TWINS)."""
         p, (total,), close_p = loop(c64(0), pairs, 1, "list", [c64(0)])
         r0, r1, second = pair_rows(b.add(g0, p))
 
@@ -199,14 +220,22 @@ def emit(mod):
             v1 = load_floats(b, A, b.add(b.mul(r1, lda), b.add(k0, k)), LANES, mask)
             return v0, b.select(second, v1, zero)
 
-        k, (pos,), close_k = loop(c64(0), kn, LANES, "list.k", [c64(0)])
-        pos = close_k([put(p, k, *loads(k, None), pos)])[0]
+        def put_noting(k, v0, v1, pos, diff):
+            return [put(p, k, v0, v1, pos), differing(v0, v1, diff)]
+
+        k, (pos, diff), close_k = loop(c64(0), kn, LANES, "list.k", [c64(0), izero])
+        pos, diff = close_k(put_noting(k, *loads(k, None), pos, diff))
         tail = b.srem(kn, c64(LANES))
         k_last = b.sub(kn, tail)
-        (pos,) = branches(b.icmp_signed(">", tail, c64(0)), "list.tail",
-                          lambda: [put(p, k_last, *loads(k_last, lane_mask(b, LANES, tail)), pos)], lambda: [pos],
-                          [i64])
+        pos, diff = branches(b.icmp_signed(">", tail, c64(0)), "list.tail",
+                             lambda: put_noting(k_last, *loads(k_last, lane_mask(b, LANES, tail)), pos, diff),
+                             lambda: [pos, diff], [i64, ivec])
         b.store(pos, b.gep(lengths, [p]))
+        # twins so far (every K block's values the same bits: C's rows too), or no second row
+        same = b.icmp_unsigned("==", b.bitcast(diff, wide), ir.Constant(wide, 0))
+        at_solo = b.gep(solo, [p])
+        before = b.select(first, ir.Constant(i1, 1), b.icmp_unsigned("!=", b.load(at_solo), ir.Constant(i8, 0)))
+        b.store(b.zext(b.or_(b.not_(second), b.and_(same, before)), i8), at_solo)
         return close_p([b.add(total, pos)])[0]
 
     def list_columns(i0, rb, k0, kn):
@@ -236,6 +265,7 @@ def emit(mod):
                        lambda: list(pos), [i64] * (LANES // 2))
         for q in range(LANES // 2):
             b.store(pos[q], b.gep(lengths, [b.add(b.mul(g, c64(LANES // 2)), c64(q))]))
+            b.store(ir.Constant(i8, 0), b.gep(solo, [b.add(b.mul(g, c64(LANES // 2)), c64(q))]))
             total = b.add(total, pos[q])
         return close_g([total])[0]
 
@@ -292,7 +322,7 @@ def emit(mod):
     first, last = b.icmp_signed("==", kb, c64(0)), b.icmp_signed("==", kb, b.sub(n_kb, c64(1)))
 
     (listed,) = branches(a_t, "lists", lambda: [list_columns(i0, rb, k0, kn)],
-                         lambda: [list_rows(g0, pairs, k0, kn)], [i64])
+                         lambda: [list_rows(g0, pairs, k0, kn, first)], [i64])
     # the first block of rows and of k decides, before C is touched: lists past FILL_MAX of
     # k leave the product to the dense tile
     too_long = b.icmp_signed(">", listed, b.fptosi(b.fmul(b.sitofp(b.mul(pairs, kn), ir.DoubleType()),
@@ -312,37 +342,44 @@ def emit(mod):
     at = b.mul(p, c64(ROW_SLOTS))
     r0, r1, second = pair_rows(b.add(g0, p))
     rows = [r0, r1]  # a missing second row: the first's (read, never stored)
-
-    def load_c():
-        out = []
-        for t in range(2):
-            out += [b.load(vptr(C, b.add(b.add(b.mul(rows[t], ldc), j0), c64(v * LANES))), align=4)
-                    for v in range(NV)]
-        return out
-
-    init = zero_or_loaded(b, first, load_c, zero, "acc")
-    e, accs, close_e = loop(c64(0), b.load(b.gep(lengths, [p])), 1, "walk", init)
-    off = b.sext(b.load(b.gep(offsets, [b.add(at, e)])), i64)
-    panel_row = [b.load(vptr(panel, b.add(off, c64(v * LANES))), align=64) for v in range(NV)]
-    new = []
-    for t in range(2):
-        a = b.load(b.gep(values[t], [b.add(at, e)]))
-        av = splat(b, a, LANES)
-        new += [b.call(fma, [av, panel_row[v], accs[t * NV + v]]) for v in range(NV)]
-    sums = close_e(new)
     add_bias, clip = b.and_(last, has_bias), b.and_(last, relu_on)
-    for t in range(2):
-        def store(t=t):
-            for v in range(NV):
-                out = sums[t * NV + v]
-                out = b.select(add_bias, b.fadd(out, bias_v[v]), out)  # as nn.dense_forward: v = sum + b; v if v > 0 else 0
-                out = b.select(clip, b.select(b.fcmp_ordered(">", out, zero), out, zero), out)
-                b.store(out, vptr(C, b.add(b.add(b.mul(rows[t], ldc), j0), c64(v * LANES))), align=4)
-        if t == 0:
-            store()
-        else:
-            with b.if_then(second):
+
+    def walk(n_rows):
+        """The pair's walk of its list with n_rows rows' accumulators (1: twins, or no
+        second row), then its stores: row t's sums to row t, or the one row's to both."""
+        def load_c():
+            out = []
+            for t in range(n_rows):
+                out += [b.load(vptr(C, b.add(b.add(b.mul(rows[t], ldc), j0), c64(v * LANES))), align=4)
+                        for v in range(NV)]
+            return out
+
+        init = zero_or_loaded(b, first, load_c, zero, f"acc{n_rows}")
+        e, accs, close_e = loop(c64(0), b.load(b.gep(lengths, [p])), 1, f"walk{n_rows}", init)
+        off = b.sext(b.load(b.gep(offsets, [b.add(at, e)])), i64)
+        panel_row = [b.load(vptr(panel, b.add(off, c64(v * LANES))), align=64) for v in range(NV)]
+        new = []
+        for t in range(n_rows):
+            a = b.load(b.gep(values[t], [b.add(at, e)]))
+            av = splat(b, a, LANES)
+            new += [b.call(fma, [av, panel_row[v], accs[t * NV + v]]) for v in range(NV)]
+        sums = close_e(new)
+        for t in range(2):
+            def store(t=t):
+                for v in range(NV):
+                    out = sums[(t if n_rows == 2 else 0) * NV + v]
+                    out = b.select(add_bias, b.fadd(out, bias_v[v]), out)  # as nn.dense_forward: v = sum + b; v if v > 0 else 0
+                    out = b.select(clip, b.select(b.fcmp_ordered(">", out, zero), out, zero), out)
+                    b.store(out, vptr(C, b.add(b.add(b.mul(rows[t], ldc), j0), c64(v * LANES))), align=4)
+            if t == 0:
                 store()
+            else:
+                with b.if_then(second):
+                    store()
+        return []
+
+    branches(b.icmp_unsigned("!=", b.load(b.gep(solo, [p])), ir.Constant(i8, 0)), "solo", lambda: walk(1),
+             lambda: walk(2))
     close_p()
     close_j()
     close_kb()

@@ -460,6 +460,52 @@ def test_sparse_path_pairs_row_i_with_row_i_plus_half_when_told(one_blas_thread)
 
 
 @needs_sparse
+@pytest.mark.parametrize("halves", [False, True])
+@pytest.mark.parametrize("m,n,k", [(64, 256, 256), (130, 64, 300), (20, 128, 17), (2, 64, 128), (9, 64, 129)])
+def test_sparse_path_walks_twin_rows_once_with_the_dense_loops_bits(m, n, k, halves, one_blas_thread):
+    """Pairs whose two rows hold the same bits (a double-DQN step's terminal transitions:
+    the online net's row of s' holds s) walk as one row, stored to both: the dense loops'
+    bits, with and without the ReLU, for twins over all of K, twins in one K block of 128
+    and not in the other (either way round), rows equal but for the sign of a zero (not
+    twins), twins holding a NaN, and a last row without a partner (odd m)."""
+    rng = np.random.default_rng(m * 3 + k + halves)
+    a = np.abs(rng.standard_normal((m, k))).astype(np.float32) * (rng.random((m, k)) < 0.4)
+    pairs = ([(i, i + m // 2) for i in range(m // 2)] if halves and m % 2 == 0
+             else [(2 * i, 2 * i + 1) for i in range(m // 2)])
+    for p, (r0, r1) in enumerate(pairs):
+        kind = p % 6
+        if kind in (0, 1, 2, 3, 4):
+            a[r1] = a[r0]
+        if kind == 1 and k > 128:
+            a[r1, k - 1] += 1  # the same in the first K block only
+        if kind == 2:
+            a[r1, 0] += 1  # the same but in the first K block
+        if kind == 3:
+            a[r0, 1], a[r1, 1] = -0.0, 0.0  # the same but for a zero's sign
+        if kind == 4:
+            a[r0, k // 2] = a[r1, k // 2] = np.nan
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for relu in (0, 1):
+        outs = []
+        for on in (False, True):
+            word = relu | (2 if halves else 0)
+            got = np.full((m, n + 1), np.inf, np.float32)
+            with blas.tile_sparse_as(on):
+                assert _bias_tile()(m, n, k, a.ctypes.data, k, b.ctypes.data, n, got.ctypes.data, n + 1,
+                                    bias.ctypes.data, word) == 1
+            outs.append(got)
+        np.testing.assert_array_equal(outs[1], outs[0])
+        assert np.isinf(outs[1][:, n]).all()  # C's padding untouched
+    # and without the bias: the plain product
+    outs = []
+    for on in (False, True):
+        with blas.tile_sparse_as(on):
+            outs.append(blas._product(_tile(), m, n, k, NO_TRANS, NO_TRANS, a, b))
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
+@needs_sparse
 def test_sparse_path_carries_a_nan_in_a_as_the_dense_loops_do(one_blas_thread):
     rng = np.random.default_rng(9)
     a = np.abs(rng.standard_normal((10, 64))).astype(np.float32) * (rng.random((10, 64)) < 0.3)

@@ -36,6 +36,25 @@ def test_listed_fraction_counts_a_pairs_union_of_nonzeros():
     assert listed_fraction(a, halves=True) == 3 / 8  # an odd count keeps neighbours
 
 
+def test_walked_fraction_counts_twin_rows_and_a_lone_row_once():
+    """The walks' multiply-adds: a pair's list times its rows, one where the two rows hold the
+    same bits (a terminal transition's s' row holds s) or the last row has no partner; for
+    A transposed (dW) always two."""
+    from cubedqn.profiling import walked_fraction
+    a = np.array([[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 3]], np.float32)  # pairs (0, 1) and (2, -)
+    assert walked_fraction(a) == (2 * 2 + 1 * 1) / 12
+    assert walked_fraction(a, trans_a=True) == (2 * 2 + 1 * 2) / 12
+    b = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]], np.float32)
+    assert walked_fraction(b) == 8 / 12  # (0, 1), (2, 3): two lists of 2, two rows each
+    assert walked_fraction(b, halves=True) == 2 / 12  # (0, 2), (1, 3): twins, one row each
+    c = b.copy()
+    c[2, 0] = 2.0  # row 2 no longer row 0's bits
+    assert walked_fraction(c, halves=True) == (1 * 2 + 1 * 1) / 12
+    z = np.array([[0.0, 1.0], [-0.0, 1.0]], np.float32)  # equal values, not the same bits
+    assert walked_fraction(z) == 1 * 2 / 4  # one k listed (a zero of either sign is not), two rows
+    assert walked_fraction(np.zeros((0, 3), np.float32)) == 1.0
+
+
 @pytest.mark.parametrize("on", [False, True])
 def test_gemm_flops_done_counts_the_step_the_layout_counts(on):
     """Its dense count is the layout's count of a Double-DQN step's GEMM layers (the head's
