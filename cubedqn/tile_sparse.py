@@ -37,8 +37,8 @@ to both rows (the same bits the two walks would make). The lists note it as they
 its rows have been the same in every block so far (C's two rows are then the same too).
 Alone and hot, the online forward's 128 x 256 x 256 product at half zeros, paired by
 halves (runs/perf51/twins_product2.txt): 14 twin pairs of 64 107.9-110.1 us against
-113.3-113.6 before, 26 of 64 96.9-99.2 against 107.1-107.3, none 121.7-123.3 against
-121.7-122.0.
+113.3-113.6 before, 26 of 64 96.9-99.2 against 107.1-107.3; with none, the small step's
+four products within their noise of before (products_ab2.txt).
 
 Cost (AVX-512): one FMA per listed k and row, about 1.1x a dense tile FMA when the host
 runs fast, more when it does not (the lists and panel rows are loads the dense tile does
