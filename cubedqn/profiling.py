@@ -292,7 +292,9 @@ def walked_fraction(op_a, halves=False, trans_a=False) -> float:
     listed = ((r0 != 0) | (r1 != 0)).sum(axis=1)
     rows = np.full(len(r0), 2)
     if not trans_a:
-        rows[(r0.view(np.uint32) == r1.view(np.uint32)).all(axis=1)] = 1
+        as_bits = np.dtype(f"u{a.itemsize}")
+        same = np.ascontiguousarray(r0).view(as_bits) == np.ascontiguousarray(r1).view(as_bits)
+        rows[same.all(axis=1)] = 1
         if a.shape[0] % 2:
             rows[-1] = 1
     return float((listed * rows).sum() / a.size)

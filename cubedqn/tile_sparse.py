@@ -161,7 +161,7 @@ def emit(mod):
     values = [b.bitcast(b.alloca(ir.ArrayType(f32, ROW_BLOCK // 2 * ROW_SLOTS)), f32.as_pointer())
               for _ in range(2)]
     lengths = b.bitcast(b.alloca(ir.ArrayType(i64, ROW_BLOCK // 2)), i64.as_pointer())
-    # per pair: whether it walks as one row (TWINS, below): 1 or 0
+    # per pair: whether it walks as one row ("Twins" in the docstring above): 1 or 0
     solo = b.bitcast(b.alloca(ir.ArrayType(i8, ROW_BLOCK // 2)), i8.as_pointer())
     a_t, b_t = b.icmp_signed("!=", a_trans, c64(0)), b.icmp_signed("!=", b_trans, c64(0))
     has_bias = b.icmp_unsigned("!=", b.ptrtoint(bias, i64), c64(0))
@@ -211,7 +211,7 @@ def emit(mod):
         """Pair p's list (p < pairs) of op(A)'s rows pair_rows(g0 + p) (a missing second row
         reads as zero) over k in [k0, k0 + kn); returns the sum of the lists' lengths.
         A as is: each pair's two rows, LANES k at a time (the last vector masked). Sets
-        solo[p] (first: the first K block) where the pair walks as one row (TWINS)."""
+        solo[p] (first: the first K block) where the pair walks as one row ("Twins")."""
         p, (total,), close_p = loop(c64(0), pairs, 1, "list", [c64(0)])
         r0, r1, second = pair_rows(b.add(g0, p))
 

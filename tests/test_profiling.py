@@ -47,6 +47,7 @@ def test_walked_fraction_counts_twin_rows_and_a_lone_row_once():
     b = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]], np.float32)
     assert walked_fraction(b) == 8 / 12  # (0, 1), (2, 3): two lists of 2, two rows each
     assert walked_fraction(b, halves=True) == 2 / 12  # (0, 2), (1, 3): twins, one row each
+    assert walked_fraction(b.astype(np.float64), halves=True) == 2 / 12  # the bits of any float type
     c = b.copy()
     c[2, 0] = 2.0  # row 2 no longer row 0's bits
     assert walked_fraction(c, halves=True) == (1 * 2 + 1 * 1) / 12
