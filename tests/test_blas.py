@@ -352,6 +352,17 @@ def _bias_tile():
     return blas._BIAS_CTYPES(blas._TILE_ENGINE.get_function_address(blas.tile_gemm.TILE_BIAS))
 
 
+def _bias_product(m, n, k, a, b, bias, word, pad=np.nan):
+    """C (m x n) = a @ b + bias (then ReLU: the relu word, see bias_gemm_type) through
+    TILE_BIAS, which must take it; a's and b's rows as far apart as their arrays' (a may be
+    wider than k, b than n). C is (m x n + 1, ldc n + 1), its last column `pad` where
+    nothing wrote."""
+    got = np.full((m, n + 1), pad, np.float32)
+    assert _bias_tile()(m, n, k, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], got.ctypes.data, n + 1,
+                        bias.ctypes.data, word) == 1
+    return got
+
+
 def _sparse_cases():
     """(m, n, k, transposed A, transposed B): pairs and an odd row, blocks of 128 rows and a
     short last one, K in blocks of 128 and a 16-wide tail, one panel and several."""
@@ -389,10 +400,7 @@ def test_sparse_path_gives_the_dense_loops_bits(m, n, k, trans_a, trans_b, fill,
             outs[on] = [blas._product(_tile(), m, n, k, ta, tb, a, b)]
             if not (trans_a or trans_b) and blas.tile_gemm.takes(m, n, k, bias=True):  # AVX2: K <= 256
                 for relu in (0, 1):
-                    got = np.full((m, n + 1), np.nan, np.float32)
-                    assert _bias_tile()(m, n, k, a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1],
-                                        got.ctypes.data, n + 1, bias.ctypes.data, relu) == 1
-                    outs[on].append(got)
+                    outs[on].append(_bias_product(m, n, k, a, b, bias, relu))
     for dense, sparse in zip(outs[False], outs[True]):
         np.testing.assert_array_equal(sparse, dense)
 
@@ -430,11 +438,8 @@ def test_sparse_path_pairing_rows_by_halves_gives_the_dense_loops_bits(m, n, k, 
     for relu in (0, 1):
         outs = []
         for on, word in ((False, relu), (True, relu | 2)):
-            got = np.full((m, n + 1), np.nan, np.float32)
             with blas.tile_sparse_as(on):
-                assert _bias_tile()(m, n, k, a.ctypes.data, k, b.ctypes.data, n, got.ctypes.data, n + 1,
-                                    bias.ctypes.data, word) == 1
-            outs.append(got)
+                outs.append(_bias_product(m, n, k, a, b, bias, word))
         np.testing.assert_array_equal(outs[1], outs[0])
 
 
@@ -489,12 +494,8 @@ def test_sparse_path_walks_twin_rows_once_with_the_dense_loops_bits(m, n, k, hal
     for relu in (0, 1):
         outs = []
         for on in (False, True):
-            word = relu | (2 if halves else 0)
-            got = np.full((m, n + 1), np.inf, np.float32)
             with blas.tile_sparse_as(on):
-                assert _bias_tile()(m, n, k, a.ctypes.data, k, b.ctypes.data, n, got.ctypes.data, n + 1,
-                                    bias.ctypes.data, word) == 1
-            outs.append(got)
+                outs.append(_bias_product(m, n, k, a, b, bias, relu | (2 if halves else 0), pad=np.inf))
         np.testing.assert_array_equal(outs[1], outs[0])
         assert np.isinf(outs[1][:, n]).all()  # C's padding untouched
     # and without the bias: the plain product
