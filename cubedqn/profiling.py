@@ -274,30 +274,62 @@ def _paired_rows(op_a, halves):
     return a[0::2], a[1::2]
 
 
-def listed_fraction(op_a, halves=False) -> float:
-    """tile_sparse.py's lists for C = op(A) @ B: the k where either row of a pair of op(A)'s
-    rows (_paired_rows) is nonzero, as a fraction of K (the path's test against FILL_MAX)."""
+def _walk_lengths(op_a, halves):
+    """Per pair of op(A)'s rows (_paired_rows): the two rows' own lists' lengths and their
+    union's (the k where the row, or either row, is nonzero), and whether tile_sparse.py's
+    sample (its first SAMPLE_PAIRS pairs over the first K block) has the product walk its
+    rows' own lists rather than the unions (STEP_COSTS)."""
+    from . import tile_sparse
     r0, r1 = _paired_rows(op_a, halves)
-    return float(((r0 != 0) | (r1 != 0)).mean()) if r0.size else 1.0
+    nz0, nz1 = r0 != 0, r1 != 0
+    n0, n1, nu = nz0.sum(axis=1), nz1.sum(axis=1), (nz0 | nz1).sum(axis=1)
+    pairs, kb = tile_sparse.SAMPLE_PAIRS, tile_sparse.K_BLOCK
+    s0, s1 = nz0[:pairs, :kb].sum(axis=1), nz1[:pairs, :kb].sum(axis=1)
+    su = (nz0[:pairs, :kb] | nz1[:pairs, :kb]).sum()
+    own = _own_cost(s0, s1).sum() < tile_sparse.STEP_COSTS["union"] * su
+    return n0, n1, nu, bool(own)
+
+
+def _own_cost(n0, n1):
+    """tile_sparse.py's cost of walking two rows' own lists of these lengths (STEP_COSTS)."""
+    from .tile_sparse import STEP_COSTS
+    shorter, longer = np.minimum(n0, n1), np.maximum(n0, n1)
+    return STEP_COSTS["own"] * shorter + STEP_COSTS["rest"] * (longer - shorter)
+
+
+def listed_fraction(op_a, halves=False) -> float:
+    """What tile_sparse.py's walks for C = op(A) @ B cost, in entries of a pair's union list,
+    as a fraction of K: its test against FILL_MAX (over all rows and k here, over the
+    first block of each in the kernel). A union list holds the k where either row of a pair
+    (_paired_rows) is nonzero; where the product walks its rows' own lists (_walk_lengths),
+    a pair costs their walk's STEP_COSTS."""
+    from .tile_sparse import STEP_COSTS
+    a = np.asarray(op_a)
+    if a.size == 0:
+        return 1.0
+    n0, n1, nu, own = _walk_lengths(a, halves)
+    cost = _own_cost(n0, n1) / STEP_COSTS["union"] if own else nu
+    return float(cost.sum() / (len(nu) * a.shape[1]))
 
 
 def walked_fraction(op_a, halves=False, trans_a=False) -> float:
     """The multiply-adds tile_sparse.py's walks do for C = op(A) @ B, as a fraction of the
-    dense loops': each pair's list (listed_fraction) times its rows, one where the two rows
-    hold the same bits or there is no second row (op(A) = A: the walk of twins), else two."""
+    dense loops': a pair whose two rows hold the same bits, or the last row without a
+    partner (op(A) = A: "one" walk), its first row's nonzeros once; else, walking the rows'
+    own lists, each row's nonzeros, or walking their union, its length twice."""
     a = np.asarray(op_a)
     if a.size == 0:
         return 1.0
-    r0, r1 = _paired_rows(a, halves)
-    listed = ((r0 != 0) | (r1 != 0)).sum(axis=1)
-    rows = np.full(len(r0), 2)
+    n0, n1, nu, own = _walk_lengths(a, halves)
+    done = n0 + n1 if own else 2 * nu
     if not trans_a:
+        r0, r1 = _paired_rows(a, halves)
         as_bits = np.dtype(f"u{a.itemsize}")
-        same = np.ascontiguousarray(r0).view(as_bits) == np.ascontiguousarray(r1).view(as_bits)
-        rows[same.all(axis=1)] = 1
+        one = (np.ascontiguousarray(r0).view(as_bits) == np.ascontiguousarray(r1).view(as_bits)).all(axis=1)
         if a.shape[0] % 2:
-            rows[-1] = 1
-    return float((listed * rows).sum() / a.size)
+            one[-1] = True
+        done = np.where(one, n0, done)
+    return float(done.sum() / a.size)
 
 
 def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:

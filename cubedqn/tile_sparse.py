@@ -17,17 +17,39 @@ pair is two neighbouring rows, or, where the caller says the rows are alike by h
 forward of a double-DQN step runs s, then s', and a state's hidden rows share more of
 their zeros with its successor's than with the next sampled state's (unions of 0.66 of K
 against 0.73 at initialisation; that product 1.07-1.11x, runs/perf46/pairing_time.txt).
-The pairing changes which k a pair lists, never a result. For
-each pair and block of k, the k where either row's a[k] is nonzero are listed once,
-LANES k at a time: k as an offset into B's panel, and both rows' values. AVX-512 packs
-a vector's listed lanes with its compress instruction; AVX2 has none, so the lane mask
-(8 bits) picks one of 256 lane orders from a table (8 KB) for a permute of each vector,
-and the whole vector is stored at the list's end (the lanes past the count are
-overwritten by the next store or never read). Then for each PANEL columns of C (four
+The pairing changes which k a pair lists, never a result. For each pair and block of k,
+lists of k (as offsets into B's panel) and of the rows' values there, LANES k at a time:
+AVX-512 packs a vector's listed lanes with its compress instruction; AVX2 has none, so
+the lane mask (8 bits) picks one of 256 lane orders from a table (8 KB) for a permute of
+each vector, and the whole vector is stored at the list's end (the lanes past the count
+are overwritten by the next store or never read). Then for each PANEL columns of C (four
 vectors: 64, 32 with AVX2), that block of B's panel (K_BLOCK x PANEL floats: 32 KB, 16
-KB with AVX2) is copied to the stack as the tile does, and each pair walks its list: per
-entry, one panel row of four vectors loaded, each row's value broadcast, eight FMAs into
-eight chains in registers (with AVX2, 14 of the 16 ymm registers).
+KB with AVX2) is copied to the stack as the tile does, and each pair walks its lists,
+its two rows' sums in eight chains of registers (with AVX2, 14 of the 16 ymm registers).
+
+Walks: a product takes one of two, chosen before its first lists are made.
+- "union": one list a pair, the k where either row's a[k] is nonzero, with both rows'
+  values; per entry one panel row of four vectors loaded, each row's value broadcast,
+  eight FMAs. Where one row is zero at k, half of them add zeros.
+- "own": each row's own nonzeros, the two lists walked side by side (entry e of each, at
+  its own k: eight panel vectors and eight FMAs a step), then the longer one's rest alone
+  (four and four). No FMA adds a zero, but every FMA loads its panel vector, and on the
+  Zen 4 host such a step costs ~1.3 union entries, an entry of the rest ~0.6
+  (STEP_COSTS, fitted to the products below).
+Which is cheaper follows how alike a pair's rows are: rows drawn independently at half
+zeros list unions of 0.75 of K and own lists of ~0.52 (own cheaper); rows alike (a trained
+net's online forward by halves, its dead units) list unions little longer than the
+longer own list (union cheaper). The product counts (no lists) its first SAMPLE_PAIRS
+pairs' lengths in the first K block and takes the walk STEP_COSTS makes cheaper there.
+On the small step's four products, alone and hot (runs/perf52/, medians, us; "before":
+unions only, HEAD 582b778), at initialisation (rows independent, half zeros,
+sampled_products.txt): online forward 110.6-112.2 vs 121.1-123.5, target 58.6-59.1 vs
+64.0-65.1, dx 62.1-63.6 vs 66.1-66.9, dW 56.3-57.1 vs 60.9-61.5; on a trained step's own
+operands (operands_ab_cube2d.txt; after 3,000 steps, momentum / Adam): dW 57.3-57.8 vs
+60.4-61.0 / 42.6-43.8 vs 48.2-49.3, target 56.1-56.2 vs 58.2 / 40.8-42.2 vs 41.0-41.8,
+the online forward (unions taken) 105.1-106.6 vs 106.7 / 74.5-75.6 vs 75.6-76.9; the
+3x3x3's after 600 Adam steps (operands_ab_cube3.txt): target 1,802-1,826 vs 1,920-1,926,
+dW 806-826 vs 929-935, online and dx within their noise.
 
 Twins: a pair whose two rows hold the same bits (in a double-DQN step the online net's
 row of a terminal transition's s' holds its s, learner.next_state_rows), or a last row
@@ -40,27 +62,32 @@ halves (runs/perf51/twins_product2.txt): 14 twin pairs of 64 107.9-110.1 us agai
 113.3-113.6 before, 26 of 64 96.9-99.2 against 107.1-107.3; with none, the small step's
 four products within their noise of before (products_ab2.txt).
 
-Cost (AVX-512): one FMA per listed k and row, about 1.1x a dense tile FMA when the host
-runs fast, more when it does not (the lists and panel rows are loads the dense tile does
-not make), so it pays while the pairs' lists are under ~0.78 of K (FILL_MAX; on the Zen
-4 host, dense over sparse, paired: lists of 0.75 K 1.02-1.19x, 0.80 K 0.95-0.98x, 0.84
-K 0.87-0.93x, runs/perf45/fill_sweep.txt). AVX2's dense tile (6 x 16: two panel loads
-and six broadcasts per twelve FMAs) leaves the lists more room: the AVX2 code on the
-Zen 4 host (CUBEDQN_TILE_GEMM=avx2), the small step's four 256-wide products, paired
-medians: lists of 0.75 K 1.11-1.17x, 0.80 K 1.07-1.12x, 0.84 K 1.03-1.09x, 0.88 K
-0.98-1.03x (runs/perf46/fill_sweep_avx2.txt), so FILL_MAX is 0.82 there (not measured on
-an AVX2-only CPU). A list per row instead (each row's own nonzeros, no shared panel
-loads) ran its FMAs at ~1.6x the tile's cost (AVX-512): a loaded panel row fed two FMAs,
-not eight, and Zen 4's loads, not its FMAs, set the pace; it was no faster at half zeros
-and slower where rows' zeros are alike, as a trained net's are (rows of a batch side by
-side: lists of 0.40 K at 0.33 nonzeros).
+Cost (AVX-512): a union entry's eight FMAs about 1.1x a dense tile FMA each when the
+host runs fast, more when it does not (the lists and panel rows are loads the dense tile
+does not make), so the path pays while the walks cost less than union lists of ~0.78 of
+K (FILL_MAX; an own walk counted in union entries by STEP_COSTS; on the Zen 4 host,
+dense over sparse, paired unions: lists of 0.75 K 1.02-1.19x, 0.80 K 0.95-0.98x, 0.84 K
+0.87-0.93x, runs/perf45/fill_sweep.txt; own lists always, the 15 products of
+runs/perf52/split_fill_sweep.txt: fill 0.60 1.03-1.20x, 0.65 0.97-1.09x, 0.70
+0.90-1.04x). AVX2's dense tile (6 x 16: two panel loads and six broadcasts per twelve
+FMAs) leaves the lists more room: the AVX2 code on the Zen 4 host
+(CUBEDQN_TILE_GEMM=avx2), the small step's four 256-wide products, paired medians:
+unions of 0.75 K 1.11-1.17x, 0.80 K 1.07-1.12x, 0.84 K 1.03-1.09x, 0.88 K 0.98-1.03x
+(runs/perf46/fill_sweep_avx2.txt), so FILL_MAX is 0.82 there; own lists always
+(runs/perf52/split_fill_sweep_avx2.txt, 15 products): fill 0.5 1.18-1.51x, 0.6
+1.03-1.21x, 0.65 0.83-1.11x, about what STEP_COSTS makes of them in union entries, which
+it keeps for AVX2 (not measured on an AVX2-only CPU). An own list per row walked alone
+(no pairs) ran its FMAs at ~1.6x the tile's cost (AVX-512), no faster at half zeros,
+slower where rows' zeros are alike (rows of a batch side by side: lists of 0.40 K at
+0.33 nonzeros).
 
 Arithmetic: the dense tile's, bit for bit: each element of C is fma(a[k], b[k], acc)
 over k in order from +0 (through C between K blocks), then + bias, then the ReLU, with
-the k where both rows of the pair have a zero left out. Leaving an fma(0, b, acc) out
-changes nothing for a finite b unless acc is -0, which only an FMA whose exact result
-underflows past the smallest subnormal can make. (Where B holds an inf or a NaN, the
-dense product makes NaN of 0 * inf and this does not.)
+k where a[k] is zero left out (own lists: each of the row's; unions: where both rows of
+the pair have a zero). Leaving an fma(0, b, acc) out changes nothing for a finite b
+unless acc is -0, which only an FMA whose exact result underflows past the smallest
+subnormal can make. (Where B holds an inf or a NaN, the dense product makes NaN of 0 *
+inf and this does not.)
 
 What it is not: a sparse-matrix format (A is dense and its zeros are found on each call:
 a count over A first, then the lists), or used for the columns past N's last whole panel.
@@ -77,11 +104,15 @@ LANES = 16 if tile_avx512() else 8  # floats a vector: zmm, or ymm (AVX2)
 NV = 4                  # vectors a row of the panel: with two rows, 8 accumulators (+ 4 + 2 of 16 ymm)
 PANEL = NV * LANES      # columns of C a walk of the lists fills: 64, 32 with AVX2
 K_BLOCK = 128       # k values a list covers: B's panel, K_BLOCK x PANEL floats, is L1's 32 KB (AVX2: half)
-ROW_BLOCK = 128      # rows listed at a time: their pairs' lists, ROW_BLOCK / 2 x ROW_SLOTS x 12 bytes, on the stack
+ROW_BLOCK = 128      # rows listed at a time: their pairs' lists, ROW_BLOCK / 2 x ROW_SLOTS x 16 bytes, on the stack
 ROW_SLOTS = K_BLOCK + LANES  # a pair's list room: each append stores a whole vector past the list's end
-# the longest the pairs' lists may be, as a fraction of K (see the docstring): with AVX2,
-# whose dense tile does fewer FMAs a load than the AVX-512 one, they pay longer
+# the most the walks may cost, in union entries as a fraction of K (see the docstring): with
+# AVX2, whose dense tile does fewer FMAs a load than the AVX-512 one, they pay longer
 FILL_MAX = 0.78 if LANES == 16 else 0.82
+# what an entry of each walk costs, in tenths of a union entry ("Walks"): a step of the two
+# rows' own lists side by side (two entries), an entry of the longer one's rest alone
+STEP_COSTS = {"union": 10, "own": 13, "rest": 6}
+SAMPLE_PAIRS = 16  # the pairs whose lists' costs choose a product's walk
 NAME = "cubedqn_tile_sparse"
 
 
@@ -157,10 +188,11 @@ def emit(mod):
     panel = b.alloca(ir.ArrayType(f32, K_BLOCK * PANEL))
     panel.align = 64
     panel = b.bitcast(panel, f32.as_pointer())
-    offsets = b.bitcast(b.alloca(ir.ArrayType(i32, ROW_BLOCK // 2 * ROW_SLOTS)), i32.as_pointer())
+    offsets = [b.bitcast(b.alloca(ir.ArrayType(i32, ROW_BLOCK // 2 * ROW_SLOTS)), i32.as_pointer())
+               for _ in range(2)]
     values = [b.bitcast(b.alloca(ir.ArrayType(f32, ROW_BLOCK // 2 * ROW_SLOTS)), f32.as_pointer())
               for _ in range(2)]
-    lengths = b.bitcast(b.alloca(ir.ArrayType(i64, ROW_BLOCK // 2)), i64.as_pointer())
+    lengths = [b.bitcast(b.alloca(ir.ArrayType(i64, ROW_BLOCK // 2)), i64.as_pointer()) for _ in range(2)]
     # per pair: whether it walks as one row ("Twins" in the docstring above): 1 or 0
     solo = b.bitcast(b.alloca(ir.ArrayType(i8, ROW_BLOCK // 2)), i8.as_pointer())
     a_t, b_t = b.icmp_signed("!=", a_trans, c64(0)), b.icmp_signed("!=", b_trans, c64(0))
@@ -184,21 +216,47 @@ def emit(mod):
     def nonzero(v):
         return b.fcmp_unordered("!=", v, zero)  # a NaN counts: the dense product would carry it
 
-    def put(p, k, v0, v1, pos):
-        """Append to pair p's list, at its position pos, the k in [k, k + LANES) where v0 or v1
-        (the pair's values of op(A) there) is nonzero; returns the position after."""
-        m = b.or_(nonzero(v0), nonzero(v1))
+    def put(p, k, m, vs, lst, pos):
+        """Append to pair p's list lst, at its position pos, the k in [k, k + LANES) in the
+        lane mask m (as offsets into B's panel) and the values vs there: one row's (own
+        lists: vs = [v], lst its row) or both rows' (the union: vs = [v0, v1], lst 0);
+        returns the position after."""
         at = b.add(b.mul(p, c64(ROW_SLOTS)), pos)
         ks = b.add(iota, splat(b, b.trunc(b.mul(k, c64(PANEL)), i32), LANES))
         if LANES == 16:
-            packed = [b.call(compress_f, [v, zero, m]) for v in (v0, v1)] + [b.call(compress_i, [ks, izero, m])]
+            packed = [b.call(compress_f, [v, zero, m]) for v in vs] + [b.call(compress_i, [ks, izero, m])]
         else:
             order = b.load(b.gep(orders, [c64(0), b.zext(b.bitcast(m, bits), i64)]), align=32)
-            packed = [b.call(permute_f, [v, order]) for v in (v0, v1)] + [b.call(permute_i, [ks, order])]
-        for t in range(2):
-            b.store(packed[t], vptr(values[t], at), align=4)
-        b.store(packed[2], vptr(offsets, at, ivec), align=4)
+            packed = [b.call(permute_f, [v, order]) for v in vs] + [b.call(permute_i, [ks, order])]
+        for t in range(len(vs)):
+            b.store(packed[t], vptr(values[lst + t], at), align=4)
+        b.store(packed[-1], vptr(offsets[lst], at, ivec), align=4)
         return b.add(pos, b.zext(b.call(popcount, [b.bitcast(m, bits)]), i64))
+
+    def put_pair(own, p, k, v0, v1, pos):
+        """A pair's appends for its values v0, v1 at [k, k + LANES): own lists (own: pos the
+        two rows' positions) or the union (pos[0]; pos[1] passed through)."""
+        m0, m1 = nonzero(v0), nonzero(v1)
+        if own:
+            return [put(p, k, m0, [v0], 0, pos[0]), put(p, k, m1, [v1], 1, pos[1])]
+        return [put(p, k, b.or_(m0, m1), [v0, v1], 0, pos[0]), pos[1]]
+
+    def note_lengths(own, p, pos):
+        """Stores pair p's list lengths; returns the cost of its walk (STEP_COSTS)."""
+        for t in range(2):
+            b.store(pos[t], b.gep(lengths[t], [p]))
+        if own:
+            return own_cost(pos[0], pos[1])
+        return b.mul(pos[0], c64(STEP_COSTS["union"]))
+
+    def smax(x, y):
+        return b.select(b.icmp_signed(">", x, y), x, y)
+
+    def own_cost(n0, n1):
+        """The own lists' walk of lengths n0, n1 (STEP_COSTS)."""
+        shorter = smin(n0, n1)
+        return b.add(b.mul(shorter, c64(STEP_COSTS["own"])),
+                     b.mul(b.sub(smax(n0, n1), shorter), c64(STEP_COSTS["rest"])))
 
     wide = ir.IntType(32 * LANES)
 
@@ -207,7 +265,7 @@ def emit(mod):
         (one ternary-logic op a vector, where a compare and a mask test were three)."""
         return b.or_(diff, b.xor(b.bitcast(v0, ivec), b.bitcast(v1, ivec)))
 
-    def list_rows(g0, pairs, k0, kn, first):
+    def list_rows(own, g0, pairs, k0, kn, first):
         """Pair p's list (p < pairs) of op(A)'s rows pair_rows(g0 + p) (a missing second row
         reads as zero) over k in [k0, k0 + kn); returns the sum of the lists' lengths.
         A as is: each pair's two rows, LANES k at a time (the last vector masked). Sets
@@ -220,25 +278,26 @@ def emit(mod):
             v1 = load_floats(b, A, b.add(b.mul(r1, lda), b.add(k0, k)), LANES, mask)
             return v0, b.select(second, v1, zero)
 
-        def put_noting(k, v0, v1, pos, diff):
-            return [put(p, k, v0, v1, pos), differing(v0, v1, diff)]
+        def put_noting(k, v0, v1, pos0, pos1, diff):
+            return put_pair(own, p, k, v0, v1, [pos0, pos1]) + [differing(v0, v1, diff)]
 
-        k, (pos, diff), close_k = loop(c64(0), kn, LANES, "list.k", [c64(0), izero])
-        pos, diff = close_k(put_noting(k, *loads(k, None), pos, diff))
+        k, (pos0, pos1, diff), close_k = loop(c64(0), kn, LANES, "list.k", [c64(0), c64(0), izero])
+        pos0, pos1, diff = close_k(put_noting(k, *loads(k, None), pos0, pos1, diff))
         tail = b.srem(kn, c64(LANES))
         k_last = b.sub(kn, tail)
-        pos, diff = branches(b.icmp_signed(">", tail, c64(0)), "list.tail",
-                             lambda: put_noting(k_last, *loads(k_last, lane_mask(b, LANES, tail)), pos, diff),
-                             lambda: [pos, diff], [i64, ivec])
-        b.store(pos, b.gep(lengths, [p]))
+        pos0, pos1, diff = branches(
+            b.icmp_signed(">", tail, c64(0)), "list.tail",
+            lambda: put_noting(k_last, *loads(k_last, lane_mask(b, LANES, tail)), pos0, pos1, diff),
+            lambda: [pos0, pos1, diff], [i64, i64, ivec])
+        cost = note_lengths(own, p, [pos0, pos1])
         # twins so far (every K block's values the same bits: C's rows too), or no second row
         same = b.icmp_unsigned("==", b.bitcast(diff, wide), ir.Constant(wide, 0))
         at_solo = b.gep(solo, [p])
         before = b.select(first, ir.Constant(i1, 1), b.icmp_unsigned("!=", b.load(at_solo), ir.Constant(i8, 0)))
         b.store(b.zext(b.or_(b.not_(second), b.and_(same, before)), i8), at_solo)
-        return close_p([b.add(total, pos)])[0]
+        return close_p([b.add(total, cost)])[0]
 
-    def list_columns(i0, rb, k0, kn):
+    def list_columns(own, i0, rb, k0, kn):
         """list_rows for A transposed: op(A)'s rows are A's columns. LANES of them at a time,
         LANES k at a time: a LANES x LANES block of A (its rows k, columns i) turned in
         registers, then LANES / 2 pairs' values at once."""
@@ -254,19 +313,22 @@ def emit(mod):
                 m = b.select(b.icmp_signed("<", c64(r), rows_left), cols, no_lanes)  # rows past kn: none
                 block.append(load_floats(b, A, b.add(b.mul(row, lda), u0), LANES, m))
             turned = transpose_rows(b, block)  # turned[u]: column u0 + u of A, rows k .. k + 15
-            return [put(b.add(b.mul(g, c64(LANES // 2)), c64(q)), k, turned[2 * q], turned[2 * q + 1], pos[q])
-                    for q in range(LANES // 2)]
+            out = []
+            for q in range(LANES // 2):
+                out += put_pair(own, b.add(b.mul(g, c64(LANES // 2)), c64(q)), k, turned[2 * q], turned[2 * q + 1],
+                                pos[2 * q:2 * q + 2])
+            return out
 
-        k, pos, close_k = loop(c64(0), kn, LANES, "listt.k", [c64(0)] * (LANES // 2))
+        k, pos, close_k = loop(c64(0), kn, LANES, "listt.k", [c64(0)] * LANES)
         pos = close_k(step(k, pos, c64(LANES)))
         tail = b.srem(kn, c64(LANES))
         k_last = b.sub(kn, tail)
         pos = branches(b.icmp_signed(">", tail, c64(0)), "listt.tail", lambda: step(k_last, pos, tail),
-                       lambda: list(pos), [i64] * (LANES // 2))
+                       lambda: list(pos), [i64] * LANES)
         for q in range(LANES // 2):
-            b.store(pos[q], b.gep(lengths, [b.add(b.mul(g, c64(LANES // 2)), c64(q))]))
-            b.store(ir.Constant(i8, 0), b.gep(solo, [b.add(b.mul(g, c64(LANES // 2)), c64(q))]))
-            total = b.add(total, pos[q])
+            at_q = b.add(b.mul(g, c64(LANES // 2)), c64(q))
+            total = b.add(total, note_lengths(own, at_q, pos[2 * q:2 * q + 2]))
+            b.store(ir.Constant(i8, 0), b.gep(solo, [at_q]))
         return close_g([total])[0]
 
     def prefetch_at(ptr, off):
@@ -311,6 +373,50 @@ def emit(mod):
 
         branches(b_t, "copy", transposed, as_is)
 
+    def sample_mode():
+        """Whether the product's pairs walk their rows' own lists (else their unions, see
+        "Walks"): the cheaper by STEP_COSTS, over the first SAMPLE_PAIRS pairs in the first K block,
+        counted (no lists made)."""
+        kn0 = smin(K, c64(K_BLOCK))
+        tail = b.srem(kn0, c64(LANES))
+        k_last = b.sub(kn0, tail)
+
+        def rows_as_is():
+            p, (su, sm), close_p = loop(c64(0), smin(n_pairs, c64(SAMPLE_PAIRS)), 1, "sample", [c64(0), c64(0)])
+            r0, r1, second = pair_rows(p)
+
+            def count(k, mask, c):
+                v0 = load_floats(b, A, b.add(b.mul(r0, lda), k), LANES, mask)
+                v1 = b.select(second, load_floats(b, A, b.add(b.mul(r1, lda), k), LANES, mask), zero)
+                m0, m1 = nonzero(v0), nonzero(v1)
+                return [b.add(x, b.zext(b.call(popcount, [b.bitcast(m, bits)]), i64))
+                        for x, m in zip(c, (m0, m1, b.or_(m0, m1)))]
+
+            k, c, close_k = loop(c64(0), kn0, LANES, "sample.k", [c64(0)] * 3)
+            c = close_k(count(k, None, c))
+            c = branches(b.icmp_signed(">", tail, c64(0)), "sample.tail",
+                         lambda: count(k_last, lane_mask(b, LANES, tail), c), lambda: list(c), [i64] * 3)
+            return close_p([b.add(su, c[2]), b.add(sm, own_cost(c[0], c[1]))])
+
+        def rows_transposed():  # op(A)'s rows are A's columns: per lane (column) counts over k
+            swap = ir.Constant(ivec, [u ^ 1 for u in range(LANES)])
+            g, (su, sm), close_g = loop(c64(0), b.sdiv(b.add(smin(M, c64(2 * SAMPLE_PAIRS)), c64(LANES - 1)),
+                                                        c64(LANES)), 1, "samplet", [c64(0), c64(0)])
+            u0 = b.mul(g, c64(LANES))
+            cols = lane_mask(b, LANES, b.sub(M, u0))
+            k, (cnt, uni), close_k = loop(c64(0), kn0, 1, "samplet.k", [izero, izero])
+            nz = b.zext(nonzero(load_floats(b, A, b.add(b.mul(k, lda), u0), LANES, cols)), ivec)
+            cnt, uni = close_k([b.add(cnt, nz), b.add(uni, b.or_(nz, b.shuffle_vector(nz, nz, swap)))])
+            for u in range(0, LANES, 2):
+                su = b.add(su, b.sext(b.extract_element(uni, ir.Constant(i32, u)), i64))
+                sm = b.add(sm, own_cost(*(b.sext(b.extract_element(cnt, ir.Constant(i32, u + t)), i64)
+                                          for t in range(2))))
+            return close_g([su, sm])
+
+        su, sm = branches(a_t, "sample", rows_transposed, rows_as_is, [i64, i64])
+        return b.icmp_signed("<", sm, b.mul(su, c64(STEP_COSTS["union"])))
+
+    own = sample_mode()
     n_kb = b.sdiv(b.add(K, c64(K_BLOCK - 1)), c64(K_BLOCK))
     g0, _, close_g0 = loop(c64(0), b.add(n_pairs, c64(ROW_BLOCK // 2 - 1)), ROW_BLOCK // 2, "pairs")
     pairs = smin(b.sub(n_pairs, g0), c64(ROW_BLOCK // 2))
@@ -321,12 +427,20 @@ def emit(mod):
     kn = smin(b.sub(K, k0), c64(K_BLOCK))
     first, last = b.icmp_signed("==", kb, c64(0)), b.icmp_signed("==", kb, b.sub(n_kb, c64(1)))
 
-    (listed,) = branches(a_t, "lists", lambda: [list_columns(i0, rb, k0, kn)],
-                         lambda: [list_rows(g0, pairs, k0, kn, first)], [i64])
-    # the first block of rows and of k decides, before C is touched: lists past FILL_MAX of
-    # k leave the product to the dense tile
+    def lists(transposed, own_lists):
+        if transposed:
+            return lambda: [list_columns(own_lists, i0, rb, k0, kn)]
+        return lambda: [list_rows(own_lists, g0, pairs, k0, kn, first)]
+
+    (listed,) = branches(a_t, "lists",
+                         lambda: branches(own, "listst", lists(True, True), lists(True, False), [i64]),
+                         lambda: branches(own, "listsr", lists(False, True), lists(False, False), [i64]), [i64])
+    # the first block of rows and of k decides, before C is touched: walks that cost more
+    # than union lists of FILL_MAX of k (listed: in STEP_COSTS' units) leave the product to
+    # the dense tile
     too_long = b.icmp_signed(">", listed, b.fptosi(b.fmul(b.sitofp(b.mul(pairs, kn), ir.DoubleType()),
-                                                          ir.Constant(ir.DoubleType(), FILL_MAX)), i64))
+                                                          ir.Constant(ir.DoubleType(), FILL_MAX * STEP_COSTS["union"])),
+                                                   i64))
     give_up, go_on = fn.append_basic_block("dense"), fn.append_basic_block("sparse")
     b.cbranch(b.and_(b.icmp_signed("==", g0, c64(0)), b.and_(first, too_long)), give_up, go_on)
     b.position_at_end(give_up)
@@ -344,9 +458,13 @@ def emit(mod):
     rows = [r0, r1]  # a missing second row: the first's (read, never stored)
     add_bias, clip = b.and_(last, has_bias), b.and_(last, relu_on)
 
-    def walk(n_rows):
-        """The pair's walk of its list with n_rows rows' accumulators (1: twins, or no
-        second row), then its stores: row t's sums to row t, or the one row's to both."""
+    def walk(kind):
+        """The pair's walk ("Walks" in the docstring above), then its stores: "one" (twins, or
+        no second row) walks list 0 with the first row's values and stores its sums to both
+        rows; "own" walks the two rows' own lists side by side, then the longer one's rest;
+        "union" walks the union, both rows' values at each k."""
+        n_rows = 1 if kind == "one" else 2
+
         def load_c():
             out = []
             for t in range(n_rows):
@@ -354,16 +472,32 @@ def emit(mod):
                         for v in range(NV)]
             return out
 
-        init = zero_or_loaded(b, first, load_c, zero, f"acc{n_rows}")
-        e, accs, close_e = loop(c64(0), b.load(b.gep(lengths, [p])), 1, f"walk{n_rows}", init)
-        off = b.sext(b.load(b.gep(offsets, [b.add(at, e)])), i64)
-        panel_row = [b.load(vptr(panel, b.add(off, c64(v * LANES))), align=64) for v in range(NV)]
-        new = []
-        for t in range(n_rows):
-            a = b.load(b.gep(values[t], [b.add(at, e)]))
-            av = splat(b, a, LANES)
-            new += [b.call(fma, [av, panel_row[v], accs[t * NV + v]]) for v in range(NV)]
-        sums = close_e(new)
+        init = zero_or_loaded(b, first, load_c, zero, f"acc.{kind}")
+
+        def panel_row(lst, e):
+            off = b.sext(b.load(b.gep(offsets[lst], [b.add(at, e)])), i64)
+            return [b.load(vptr(panel, b.add(off, c64(v * LANES))), align=64) for v in range(NV)]
+
+        def fmas(row, t, e, accs):
+            av = splat(b, b.load(b.gep(values[t], [b.add(at, e)])), LANES)
+            return [b.call(fma, [av, row[v], accs[v]]) for v in range(NV)]
+
+        lens = [b.load(b.gep(lengths[t], [p])) for t in range(2)]
+        if kind == "one":
+            e, accs, close_e = loop(c64(0), lens[0], 1, "walk.one", init)
+            sums = close_e(fmas(panel_row(0, e), 0, e, accs))
+        elif kind == "own":
+            both = smin(lens[0], lens[1])
+            e, accs, close_e = loop(c64(0), both, 1, "walk.own", init)
+            accs = close_e(fmas(panel_row(0, e), 0, e, accs[:NV]) + fmas(panel_row(1, e), 1, e, accs[NV:]))
+            for t in range(2):
+                e, part, close_e = loop(both, lens[t], 1, f"walk.rest{t}", accs[t * NV:(t + 1) * NV])
+                accs = accs[:t * NV] + close_e(fmas(panel_row(t, e), t, e, part)) + accs[(t + 1) * NV:]
+            sums = accs
+        else:
+            e, accs, close_e = loop(c64(0), lens[0], 1, "walk.union", init)
+            row = panel_row(0, e)
+            sums = close_e(fmas(row, 0, e, accs[:NV]) + fmas(row, 1, e, accs[NV:]))
         for t in range(2):
             def store(t=t):
                 for v in range(NV):
@@ -378,8 +512,8 @@ def emit(mod):
                     store()
         return []
 
-    branches(b.icmp_unsigned("!=", b.load(b.gep(solo, [p])), ir.Constant(i8, 0)), "solo", lambda: walk(1),
-             lambda: walk(2))
+    branches(b.icmp_unsigned("!=", b.load(b.gep(solo, [p])), ir.Constant(i8, 0)), "solo", lambda: walk("one"),
+             lambda: branches(own, "mode", lambda: walk("own"), lambda: walk("union")))
     close_p()
     close_j()
     close_kb()

@@ -348,6 +348,14 @@ def test_bias_relu_is_left_to_the_caller_where_the_tile_does_not_take_it():
 needs_sparse = pytest.mark.skipif(blas.SPARSE_STATUS is not None, reason=f"tile_sparse: {blas.SPARSE_STATUS}")
 
 
+@needs_tile
+def test_sparse_path_passes_its_own_check_where_the_tile_is_bound():
+    """blas checks tile_sparse.py's path against the dense loops at import and leaves it off
+    where the bits differ, and the tests marked needs_sparse then skip: where the tile is
+    bound, the path must have passed."""
+    assert blas.SPARSE_STATUS is None
+
+
 def _bias_tile():
     return blas._BIAS_CTYPES(blas._TILE_ENGINE.get_function_address(blas.tile_gemm.TILE_BIAS))
 
@@ -381,16 +389,19 @@ def _sparse_cases():
 
 
 @needs_sparse
+@pytest.mark.parametrize("alike", [False, True])
 @pytest.mark.parametrize("fill", [0.0, 0.3, 0.5])
 @pytest.mark.parametrize("m,n,k,trans_a,trans_b", list(_sparse_cases()))
-def test_sparse_path_gives_the_dense_loops_bits(m, n, k, trans_a, trans_b, fill, one_blas_thread):
+def test_sparse_path_gives_the_dense_loops_bits(m, n, k, trans_a, trans_b, fill, alike, one_blas_thread):
     """Bitwise, through the bound symbols: the tile with tile_sparse.py's path on and off,
     op(A) with that fraction of nonzeros (ReLU-like: zeros, positive values; one row all
-    zero, one all nonzero), with and without the bias and ReLU; C's padding untouched."""
+    zero, one all nonzero), with and without the bias and ReLU; C's padding untouched. The
+    zeros drawn for each element (the rows walk their own lists) or, alike, for each k,
+    the same in every row of op(A) (the pairs walk their unions)."""
     rng = np.random.default_rng(m * 7919 + n * 31 + k)
     ta, tb = (TRANS if trans_a else NO_TRANS), (TRANS if trans_b else NO_TRANS)
     a, b, op_a, _ = blas._check_operands(rng, m, n, k, ta, tb)
-    a[:] = np.abs(a) * (rng.random(a.shape) < fill)
+    op_a[:] = np.abs(op_a) * (rng.random((1, k) if alike else op_a.shape) < fill)
     op_a[0] = 0
     op_a[-1] = 1 + np.abs(op_a[-1])
     bias = rng.standard_normal(n).astype(np.float32)
@@ -443,25 +454,50 @@ def test_sparse_path_pairing_rows_by_halves_gives_the_dense_loops_bits(m, n, k, 
         np.testing.assert_array_equal(outs[1], outs[0])
 
 
-@needs_sparse
-def test_sparse_path_pairs_row_i_with_row_i_plus_half_when_told(one_blas_thread):
-    """Which rows were paired shows where B's row 7 holds an inf and A's column 7 is zero in
-    the even rows, nonzero in the odd: a pair lists k = 7 where either row is nonzero, and
-    then 0 * inf makes the even row's column NaN. Neighbours (2p, 2p + 1): every even row
-    NaN; halves (i, i + 32, both even or both odd): none."""
-    rng = np.random.default_rng(11)
+def _inf_in_column_7(rng, alike):
+    """(a, b, bias) for m, n, k = 64, 64, 100: B's row 7 holds an inf at column 3, A's column 7
+    is zero in the even rows and 1 in the odd; A's other columns at 0.2 nonzeros, each
+    column's zeros the same in every row (alike: the product walks the pairs' unions) or
+    drawn for each row (their own lists, tile_sparse.py's "Walks")."""
     m, n, k = 64, 64, 100
-    a = (rng.random((m, k)) < 0.2).astype(np.float32)
+    zeros = rng.random((1, k) if alike else (m, k)) < 0.8
+    a = np.where(zeros, 0, 1 + rng.random((m, k))).astype(np.float32)
     a[0::2, 7], a[1::2, 7] = 0, 1
     b = rng.standard_normal((k, n)).astype(np.float32)
     b[7, 3] = np.inf
-    bias = np.zeros(n, np.float32)
+    return a, b, np.zeros(n, np.float32)
+
+
+@needs_sparse
+def test_sparse_path_pairs_row_i_with_row_i_plus_half_when_told(one_blas_thread):
+    """Which rows were paired shows, where the pairs walk their unions (rows alike), in the
+    column of an inf in B's row 7, A's column 7 zero in the even rows: a union lists k = 7
+    where either row is nonzero, and then 0 * inf makes the even row's column NaN.
+    Neighbours (2p, 2p + 1): every even row NaN; halves (i, i + 32, both even or both
+    odd): none."""
+    a, b, bias = _inf_in_column_7(np.random.default_rng(11), alike=True)
+    m, k = a.shape
+    n = b.shape[1]
     for word, even_nan in ((0, True), (2, False)):
         got = np.zeros((m, n), np.float32)
         assert _bias_tile()(m, n, k, a.ctypes.data, k, b.ctypes.data, n, got.ctypes.data, n, bias.ctypes.data,
                             word) == 1
         assert np.isnan(got[0::2, 3]).all() == even_nan and np.isfinite(got[0::2, 3]).all() == (not even_nan)
         assert np.isinf(got[1::2, 3]).all()  # the odd rows multiply the inf by 1
+
+
+@needs_sparse
+def test_sparse_path_walks_rows_own_lists_where_their_zeros_differ(one_blas_thread):
+    """Where rows' zeros differ (drawn for each row), each row walks its own nonzeros: an
+    even row never multiplies the inf in B's row 7 by its zero there, however it is paired."""
+    a, b, bias = _inf_in_column_7(np.random.default_rng(12), alike=False)
+    m, k = a.shape
+    n = b.shape[1]
+    for word in (0, 2):
+        got = np.zeros((m, n), np.float32)
+        assert _bias_tile()(m, n, k, a.ctypes.data, k, b.ctypes.data, n, got.ctypes.data, n, bias.ctypes.data,
+                            word) == 1
+        assert np.isfinite(got[0::2, 3]).all() and np.isinf(got[1::2, 3]).all()
 
 
 @needs_sparse

@@ -24,35 +24,42 @@ def test_fma_ceiling_is_a_rate():
     assert 0 < fma_ceiling_gflops(reps=1, seconds=0.002) < 1e5
 
 
-def test_listed_fraction_counts_a_pairs_union_of_nonzeros():
+def test_listed_fraction_costs_the_walk_the_sample_chooses():
+    """tile_sparse.py's cost (in union entries, a fraction of K): the rows' own lists where
+    their STEP_COSTS (13 a side-by-side step, 6 an entry of the longer one's rest) are under
+    10 a union entry over the sampled pairs, else the unions."""
     from cubedqn.profiling import listed_fraction
     a = np.array([[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 3]], np.float32)  # pairs (0, 1) and (2, -)
-    assert listed_fraction(a) == 3 / 8
+    assert listed_fraction(a) == pytest.approx((1.3 + 0.6) / 8)  # own lists: 13 + 6 < 10 x 3
+    alike = np.array([[1, 0, 0], [2, 0, 0], [0, 3, 0], [0, 4, 0]], np.float32)
+    assert listed_fraction(alike) == 2 / 6  # unions: 10 x 2 < 13 x 2
     assert listed_fraction(np.zeros((4, 6), np.float32)) == 0.0
-    assert listed_fraction(np.ones((5, 6), np.float32)) == 1.0
+    assert listed_fraction(np.ones((5, 6), np.float32)) == 1.0  # unions: 10 x 18 < 13 x 12 + 6 x 6
     b = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]], np.float32)
-    assert listed_fraction(b) == 4 / 6  # pairs (0, 1), (2, 3)
-    assert listed_fraction(b, halves=True) == 2 / 6  # pairs (0, 2), (1, 3)
-    assert listed_fraction(a, halves=True) == 3 / 8  # an odd count keeps neighbours
+    assert listed_fraction(b) == pytest.approx(2.6 / 6)  # pairs (0, 1), (2, 3): own lists
+    assert listed_fraction(b, halves=True) == 2 / 6  # pairs (0, 2), (1, 3): unions of one k
+    assert listed_fraction(a, halves=True) == listed_fraction(a)  # an odd count keeps neighbours
 
 
-def test_walked_fraction_counts_twin_rows_and_a_lone_row_once():
-    """The walks' multiply-adds: a pair's list times its rows, one where the two rows hold the
-    same bits (a terminal transition's s' row holds s) or the last row has no partner; for
-    A transposed (dW) always two."""
+def test_walked_fraction_counts_each_walks_multiply_adds():
+    """The walks' multiply-adds: the rows' own nonzeros (own lists) or a pair's union twice
+    (unions); one row's where the two rows hold the same bits (a terminal transition's s'
+    row holds s) or the last row has no partner, except for A transposed (dW)."""
     from cubedqn.profiling import walked_fraction
-    a = np.array([[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 3]], np.float32)  # pairs (0, 1) and (2, -)
-    assert walked_fraction(a) == (2 * 2 + 1 * 1) / 12
-    assert walked_fraction(a, trans_a=True) == (2 * 2 + 1 * 2) / 12
+    a = np.array([[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 3]], np.float32)  # pairs (0, 1) and (2, -): own lists
+    assert walked_fraction(a) == (1 + 1 + 1) / 12
+    assert walked_fraction(a, trans_a=True) == (1 + 1 + 1 + 0) / 12
+    alike = np.array([[1, 0, 0], [2, 0, 0], [0, 3, 0], [0, 4, 0]], np.float32)  # unions
+    assert walked_fraction(alike) == (1 * 2 + 1 * 2) / 12
     b = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]], np.float32)
-    assert walked_fraction(b) == 8 / 12  # (0, 1), (2, 3): two lists of 2, two rows each
+    assert walked_fraction(b) == 4 / 12  # (0, 1), (2, 3): own lists of one k each
     assert walked_fraction(b, halves=True) == 2 / 12  # (0, 2), (1, 3): twins, one row each
     assert walked_fraction(b.astype(np.float64), halves=True) == 2 / 12  # the bits of any float type
     c = b.copy()
-    c[2, 0] = 2.0  # row 2 no longer row 0's bits
+    c[2, 0] = 2.0  # row 2 no longer row 0's bits: a union of one k, two rows
     assert walked_fraction(c, halves=True) == (1 * 2 + 1 * 1) / 12
     z = np.array([[0.0, 1.0], [-0.0, 1.0]], np.float32)  # equal values, not the same bits
-    assert walked_fraction(z) == 1 * 2 / 4  # one k listed (a zero of either sign is not), two rows
+    assert walked_fraction(z) == 1 * 2 / 4  # a union of one k (a zero of either sign is not listed), two rows
     assert walked_fraction(np.zeros((0, 3), np.float32)) == 1.0
 
 
