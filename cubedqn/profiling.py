@@ -299,7 +299,7 @@ def _own_cost(n0, n1):
 
 def listed_fraction(op_a, halves=False) -> float:
     """What tile_sparse.py's walks for C = op(A) @ B cost, in entries of a pair's union list,
-    as a fraction of K: its test against FILL_MAX (over all rows and k here, over the
+    as a fraction of K: its test against FILL_MAX (sparse_path_takes; over all rows and k here, over the
     first block of each in the kernel). A union list holds the k where either row of a pair
     (_paired_rows) is nonzero; where the product walks its rows' own lists (_walk_lengths),
     a pair costs their walk's STEP_COSTS."""
@@ -310,6 +310,15 @@ def listed_fraction(op_a, halves=False) -> float:
     n0, n1, nu, own = _walk_lengths(a, halves)
     cost = _own_cost(n0, n1) / STEP_COSTS["union"] if own else nu
     return float(cost.sum() / (len(nu) * a.shape[1]))
+
+
+def sparse_path_takes(op_a, halves=False) -> bool:
+    """Whether tile_sparse.py's walks would cost little enough for the path to take the
+    product (listed_fraction against FILL_MAX, or FILL_MAX_OWN where the rows' own lists
+    are walked); the caller checks that the tile takes it and N is whole panels."""
+    from . import tile_sparse
+    own = _walk_lengths(op_a, halves)[3] if np.asarray(op_a).size else False
+    return listed_fraction(op_a, halves) <= (tile_sparse.FILL_MAX_OWN if own else tile_sparse.FILL_MAX)
 
 
 def walked_fraction(op_a, halves=False, trans_a=False) -> float:
@@ -336,7 +345,7 @@ def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
     """(FLOPs the GEMM layers' products did, their dense FLOPs) in the learner's last
     training step, from its workspaces' activations and deltas (float32 CPU learners):
     where tile_sparse.py's path takes a product (the tile takes it, its columns are whole
-    panels, the lists are within FILL_MAX) its multiply-adds are the walks' (walked_fraction),
+    panels, sparse_path_takes) its multiply-adds are the walks' (walked_fraction),
     else all of them. Rows: the forward passes' (forward_rows); the backward's are the batch's. The Q
     head's backward from the taken actions alone (no GEMM) counts as the layout counts it.
     The s' of terminal transitions, which the step does not score (learner.bootstrapped_rows),
@@ -354,7 +363,7 @@ def gemm_flops_done(learner, rows_online, rows_target) -> tuple[float, float]:
         if not on or n % tile_sparse.PANEL or not tile_gemm.takes(m, n, k, trans_a, trans_b, bias=not (trans_a or
                                                                                                       trans_b)):
             return dense, dense
-        if listed_fraction(op_a, halves) > tile_sparse.FILL_MAX:
+        if not sparse_path_takes(op_a, halves):
             return dense, dense
         return dense * walked_fraction(op_a, halves, trans_a), dense
 

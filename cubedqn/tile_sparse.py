@@ -109,9 +109,10 @@ ROW_SLOTS = K_BLOCK + LANES  # a pair's list room: each append stores a whole ve
 # the most the walks may cost, in union entries as a fraction of K (see the docstring): with
 # AVX2, whose dense tile does fewer FMAs a load than the AVX-512 one, they pay longer
 FILL_MAX = 0.78 if LANES == 16 else 0.82
+FILL_MAX_OWN = 0.86  # the same where the product walks its rows' own lists (AVX-512 and AVX2)
 # what an entry of each walk costs, in tenths of a union entry ("Walks"): a step of the two
 # rows' own lists side by side (two entries), an entry of the longer one's rest alone
-STEP_COSTS = {"union": 10, "own": 13, "rest": 6}
+STEP_COSTS = {"union": 10, "own": 12, "rest": 6}
 SAMPLE_PAIRS = 16  # the pairs whose lists' costs choose a product's walk
 NAME = "cubedqn_tile_sparse"
 
@@ -184,14 +185,18 @@ def emit(mod):
     zero, izero = ir.Constant(vec, [0.0] * LANES), ir.Constant(ivec, [0] * LANES)
     no_lanes = ir.Constant(mvec, [0] * LANES)
     iota = ir.Constant(ivec, [j * PANEL for j in range(LANES)])
-    # the stack: B's panel, then each pair of rows' list (k offsets, the two rows' values) and length
+    # the stack: B's panel, then each pair of rows' lists ("Walks" in the docstring above) and
+    # their lengths: a union (k offsets, both rows' values) or each row's own list, records
+    # of (k offset, value) in 8 bytes (the walk reads each with one load); a product makes
+    # one kind, so the union's arrays lie in the records' room
     panel = b.alloca(ir.ArrayType(f32, K_BLOCK * PANEL))
     panel.align = 64
     panel = b.bitcast(panel, f32.as_pointer())
-    offsets = [b.bitcast(b.alloca(ir.ArrayType(i32, ROW_BLOCK // 2 * ROW_SLOTS)), i32.as_pointer())
-               for _ in range(2)]
-    values = [b.bitcast(b.alloca(ir.ArrayType(f32, ROW_BLOCK // 2 * ROW_SLOTS)), f32.as_pointer())
-              for _ in range(2)]
+    slots = ROW_BLOCK // 2 * ROW_SLOTS
+    records = [b.bitcast(b.alloca(ir.ArrayType(i64, slots)), i64.as_pointer()) for _ in range(2)]
+    union_offsets = b.bitcast(records[0], i32.as_pointer())
+    union_values = [b.gep(b.bitcast(records[0], f32.as_pointer()), [c64(slots)]),
+                    b.bitcast(records[1], f32.as_pointer())]
     lengths = [b.bitcast(b.alloca(ir.ArrayType(i64, ROW_BLOCK // 2)), i64.as_pointer()) for _ in range(2)]
     # per pair: whether it walks as one row ("Twins" in the docstring above): 1 or 0
     solo = b.bitcast(b.alloca(ir.ArrayType(i8, ROW_BLOCK // 2)), i8.as_pointer())
@@ -216,11 +221,12 @@ def emit(mod):
     def nonzero(v):
         return b.fcmp_unordered("!=", v, zero)  # a NaN counts: the dense product would carry it
 
+    interleave = ir.Constant(ir.VectorType(i32, 2 * LANES), [x for j in range(LANES) for x in (j, LANES + j)])
+
     def put(p, k, m, vs, lst, pos):
-        """Append to pair p's list lst, at its position pos, the k in [k, k + LANES) in the
-        lane mask m (as offsets into B's panel) and the values vs there: one row's (own
-        lists: vs = [v], lst its row) or both rows' (the union: vs = [v0, v1], lst 0);
-        returns the position after."""
+        """Append to pair p's list, at its position pos, the k in [k, k + LANES) in the lane
+        mask m (as offsets into B's panel) and the values vs there: row lst's own list (vs =
+        [v], as records) or the union (vs = [v0, v1], lst 0); returns the position after."""
         at = b.add(b.mul(p, c64(ROW_SLOTS)), pos)
         ks = b.add(iota, splat(b, b.trunc(b.mul(k, c64(PANEL)), i32), LANES))
         if LANES == 16:
@@ -228,9 +234,13 @@ def emit(mod):
         else:
             order = b.load(b.gep(orders, [c64(0), b.zext(b.bitcast(m, bits), i64)]), align=32)
             packed = [b.call(permute_f, [v, order]) for v in vs] + [b.call(permute_i, [ks, order])]
-        for t in range(len(vs)):
-            b.store(packed[t], vptr(values[lst + t], at), align=4)
-        b.store(packed[-1], vptr(offsets[lst], at, ivec), align=4)
+        if len(vs) == 1:  # records: the offsets and values interleaved
+            pairs_ = b.shuffle_vector(b.bitcast(packed[1], vec), packed[0], interleave)
+            b.store(pairs_, b.bitcast(b.gep(records[lst], [at]), pairs_.type.as_pointer()), align=4)
+        else:
+            for t in range(2):
+                b.store(packed[t], vptr(union_values[t], at), align=4)
+            b.store(packed[2], vptr(union_offsets, at, ivec), align=4)
         return b.add(pos, b.zext(b.call(popcount, [b.bitcast(m, bits)]), i64))
 
     def put_pair(own, p, k, v0, v1, pos):
@@ -438,9 +448,9 @@ def emit(mod):
     # the first block of rows and of k decides, before C is touched: walks that cost more
     # than union lists of FILL_MAX of k (listed: in STEP_COSTS' units) leave the product to
     # the dense tile
-    too_long = b.icmp_signed(">", listed, b.fptosi(b.fmul(b.sitofp(b.mul(pairs, kn), ir.DoubleType()),
-                                                          ir.Constant(ir.DoubleType(), FILL_MAX * STEP_COSTS["union"])),
-                                                   i64))
+    fill_max = b.select(own, ir.Constant(ir.DoubleType(), FILL_MAX_OWN * STEP_COSTS["union"]),
+                        ir.Constant(ir.DoubleType(), FILL_MAX * STEP_COSTS["union"]))
+    too_long = b.icmp_signed(">", listed, b.fptosi(b.fmul(b.sitofp(b.mul(pairs, kn), ir.DoubleType()), fill_max), i64))
     give_up, go_on = fn.append_basic_block("dense"), fn.append_basic_block("sparse")
     b.cbranch(b.and_(b.icmp_signed("==", g0, c64(0)), b.and_(first, too_long)), give_up, go_on)
     b.position_at_end(give_up)
@@ -474,30 +484,45 @@ def emit(mod):
 
         init = zero_or_loaded(b, first, load_c, zero, f"acc.{kind}")
 
-        def panel_row(lst, e):
-            off = b.sext(b.load(b.gep(offsets[lst], [b.add(at, e)])), i64)
+        def panel_row(off):
             return [b.load(vptr(panel, b.add(off, c64(v * LANES))), align=64) for v in range(NV)]
 
-        def fmas(row, t, e, accs):
-            av = splat(b, b.load(b.gep(values[t], [b.add(at, e)])), LANES)
+        def fmas(row, a, accs):
+            av = splat(b, a, LANES)
             return [b.call(fma, [av, row[v], accs[v]]) for v in range(NV)]
 
+        def own_fmas(t, e, accs):
+            """Row t's own list's entry e into accs: one 8-byte load, the offset its low half."""
+            rec = b.load(b.gep(records[t], [b.add(at, e)]))
+            a = b.bitcast(b.trunc(b.lshr(rec, c64(32)), i32), f32)
+            return fmas(panel_row(b.sext(b.trunc(rec, i32), i64)), a, accs)
+
+        def union_entry(e):
+            """The union's entry e: its panel row and the two rows' values."""
+            row = panel_row(b.sext(b.load(b.gep(union_offsets, [b.add(at, e)])), i64))
+            return row, [b.load(b.gep(union_values[t], [b.add(at, e)])) for t in range(2)]
+
         lens = [b.load(b.gep(lengths[t], [p])) for t in range(2)]
-        if kind == "one":
-            e, accs, close_e = loop(c64(0), lens[0], 1, "walk.one", init)
-            sums = close_e(fmas(panel_row(0, e), 0, e, accs))
+        if kind == "one":  # list 0, whichever kind
+            def one(own_lists):
+                e, accs, close_e = loop(c64(0), lens[0], 1, f"walk.one{int(own_lists)}", init)
+                if own_lists:
+                    return close_e(own_fmas(0, e, accs))
+                row, a = union_entry(e)
+                return close_e(fmas(row, a[0], accs))
+            sums = branches(own, "walk.one", lambda: one(True), lambda: one(False), [vec] * NV)
         elif kind == "own":
             both = smin(lens[0], lens[1])
             e, accs, close_e = loop(c64(0), both, 1, "walk.own", init)
-            accs = close_e(fmas(panel_row(0, e), 0, e, accs[:NV]) + fmas(panel_row(1, e), 1, e, accs[NV:]))
+            accs = close_e(own_fmas(0, e, accs[:NV]) + own_fmas(1, e, accs[NV:]))
             for t in range(2):
                 e, part, close_e = loop(both, lens[t], 1, f"walk.rest{t}", accs[t * NV:(t + 1) * NV])
-                accs = accs[:t * NV] + close_e(fmas(panel_row(t, e), t, e, part)) + accs[(t + 1) * NV:]
+                accs = accs[:t * NV] + close_e(own_fmas(t, e, part)) + accs[(t + 1) * NV:]
             sums = accs
         else:
             e, accs, close_e = loop(c64(0), lens[0], 1, "walk.union", init)
-            row = panel_row(0, e)
-            sums = close_e(fmas(row, 0, e, accs[:NV]) + fmas(row, 1, e, accs[NV:]))
+            row, a = union_entry(e)
+            sums = close_e(fmas(row, a[0], accs[:NV]) + fmas(row, a[1], accs[NV:]))
         for t in range(2):
             def store(t=t):
                 for v in range(NV):

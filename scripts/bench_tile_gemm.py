@@ -20,9 +20,9 @@ are printed first.
 With --sparse FILL the columns are the tile with tile_sparse.py's path off and on (both
 the tile: blas.tile_sparse_as), op(A) a ReLU layer's output with that fraction of nonzeros
 (|normal| values, independent zeros; FILL may be a comma-separated list), the results
-checked bit for bit; "listed" is the pairs' lists' length as a fraction of K (the
-multiply-adds the sparse path does, against the dense loops' K), and products the sparse
-path leaves to the dense loops (lists past tile_sparse.FILL_MAX, or N not whole panels)
+checked bit for bit; "listed" is what the walks cost, in entries of a pair's union list,
+as a fraction of K (profiling.listed_fraction), and products the sparse path leaves to
+the dense loops (walks past tile_sparse.FILL_MAX or FILL_MAX_OWN, or N not whole panels)
 say "dense".
 
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python scripts/bench_tile_gemm.py [--library-threads 2 | --bf16 |
@@ -41,7 +41,7 @@ from threadpoolctl import threadpool_limits
 
 from cubedqn import blas
 from cubedqn.blas import NO_TRANS, ROW_MAJOR, SGEMM_SIG, TRANS
-from cubedqn.profiling import blas_info, listed_fraction
+from cubedqn.profiling import blas_info, listed_fraction, sparse_path_takes
 from cubedqn.threads import limit_threads
 
 # (label, M, K, N, which is transposed: True for A, "B" for B, False for neither):
@@ -172,8 +172,9 @@ def sparse_main(args):
     limit_threads(1)
     from cubedqn import tile_sparse
     isa = "AVX-512" if blas.tile_gemm.AVX512 else "AVX2"
-    print(f"the tile (cubedqn/tile_gemm.py, {isa}), one thread, with tile_sparse.py's path off and on (lists taken up to "
-          f"{tile_sparse.FILL_MAX:.2f} of K); op(A) with the given fraction of nonzeros; medians of {args.rounds} "
+    print(f"the tile (cubedqn/tile_gemm.py, {isa}), one thread, with tile_sparse.py's path off and on (walks "
+          f"taken up to {tile_sparse.FILL_MAX:.2f} of K in union entries, {tile_sparse.FILL_MAX_OWN:.2f} walking own "
+          f"lists); op(A) with the given fraction of nonzeros; medians of {args.rounds} "
           f"alternating rounds, us per product")
     print(f"{'product':<40s} {'M x K x N':>22s} {'fill':>5s} {'listed':>6s} {'dense':>9s} {'sparse':>9s} "
           f"{'speed-up':>9s}")
@@ -191,7 +192,7 @@ def sparse_main(args):
             dense_us, sparse_us = (float(np.median(t)) for t in times)
             listed = listed_fraction(a.T if trans else a)
             taken = blas.tile_gemm.takes(m, n, k, trans, trans_b) and n % tile_sparse.PANEL == 0 and \
-                listed <= tile_sparse.FILL_MAX
+                sparse_path_takes(a.T if trans else a)
             shape = f"{m} x {k} x {n}{' (A^T)' if trans else ' (B^T)' if trans_b else ''}"
             print(f"{label:<40s} {shape:>22s} {fill:5.2f} {listed:6.2f} {dense_us:9.1f} {sparse_us:9.1f} "
                   f"{dense_us / sparse_us:8.2f}x{'' if taken else ' dense'}")

@@ -26,17 +26,19 @@ def test_fma_ceiling_is_a_rate():
 
 def test_listed_fraction_costs_the_walk_the_sample_chooses():
     """tile_sparse.py's cost (in union entries, a fraction of K): the rows' own lists where
-    their STEP_COSTS (13 a side-by-side step, 6 an entry of the longer one's rest) are under
-    10 a union entry over the sampled pairs, else the unions."""
+    their STEP_COSTS (a side-by-side step, an entry of the longer one's rest) are under a
+    union entry's over the sampled pairs, else the unions."""
     from cubedqn.profiling import listed_fraction
+    from cubedqn.tile_sparse import STEP_COSTS
+    own, rest, union = (STEP_COSTS[x] / STEP_COSTS["union"] for x in ("own", "rest", "union"))
+    assert own < 2 * union and rest < union < own  # what the cases below rely on
     a = np.array([[1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 3]], np.float32)  # pairs (0, 1) and (2, -)
-    assert listed_fraction(a) == pytest.approx((1.3 + 0.6) / 8)  # own lists: 13 + 6 < 10 x 3
+    assert listed_fraction(a) == pytest.approx((own + rest) / 8)  # own lists: a step and a rest, unions 3
     alike = np.array([[1, 0, 0], [2, 0, 0], [0, 3, 0], [0, 4, 0]], np.float32)
-    assert listed_fraction(alike) == 2 / 6  # unions: 10 x 2 < 13 x 2
+    assert listed_fraction(alike) == 2 / 6  # unions: 2 entries against 2 steps
     assert listed_fraction(np.zeros((4, 6), np.float32)) == 0.0
-    assert listed_fraction(np.ones((5, 6), np.float32)) == 1.0  # unions: 10 x 18 < 13 x 12 + 6 x 6
     b = np.array([[1, 0, 0], [0, 1, 0], [1, 0, 0], [0, 1, 0]], np.float32)
-    assert listed_fraction(b) == pytest.approx(2.6 / 6)  # pairs (0, 1), (2, 3): own lists
+    assert listed_fraction(b) == pytest.approx(2 * own / 6)  # pairs (0, 1), (2, 3): own lists
     assert listed_fraction(b, halves=True) == 2 / 6  # pairs (0, 2), (1, 3): unions of one k
     assert listed_fraction(a, halves=True) == listed_fraction(a)  # an odd count keeps neighbours
 
