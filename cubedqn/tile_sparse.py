@@ -31,25 +31,32 @@ Walks: a product takes one of two, chosen before its first lists are made.
 - "union": one list a pair, the k where either row's a[k] is nonzero, with both rows'
   values; per entry one panel row of four vectors loaded, each row's value broadcast,
   eight FMAs. Where one row is zero at k, half of them add zeros.
-- "own": each row's own nonzeros, the two lists walked side by side (entry e of each, at
-  its own k: eight panel vectors and eight FMAs a step), then the longer one's rest alone
-  (four and four). No FMA adds a zero, but every FMA loads its panel vector, and on the
-  Zen 4 host such a step costs ~1.3 union entries, an entry of the rest ~0.6
-  (STEP_COSTS, fitted to the products below).
+- "own": each row's own nonzeros as 8-byte records (the k's panel offset, the value),
+  the two lists walked side by side (entry e of each, at its own k: eight panel vectors
+  and eight FMAs a step), then the longer one's rest alone (four and four). No FMA adds a
+  zero, but every FMA loads its panel vector: on Zen 4 a step costs ~1.2 union entries,
+  an entry of the rest ~0.6 (STEP_COSTS, fitted to the products below). A record is read
+  with one 64-bit load (the offset its low half, the value broadcast from its high
+  half): with separate arrays of offsets and values, four scalar loads a step waited on
+  the panel loads' ports, and a step cost ~1.3 (the four products at half zeros 102-103 /
+  54-55 / 55-57 / 52-53 us with records against 111-113 / 59-60 / 58-62 / 57-58,
+  runs/perf52/final_products.txt).
 Which is cheaper follows how alike a pair's rows are: rows drawn independently at half
-zeros list unions of 0.75 of K and own lists of ~0.52 (own cheaper); rows alike (a trained
-net's online forward by halves, its dead units) list unions little longer than the
-longer own list (union cheaper). The product counts (no lists) its first SAMPLE_PAIRS
-pairs' lengths in the first K block and takes the walk STEP_COSTS makes cheaper there.
-On the small step's four products, alone and hot (runs/perf52/, medians, us; "before":
-unions only, HEAD 582b778), at initialisation (rows independent, half zeros,
-sampled_products.txt): online forward 110.6-112.2 vs 121.1-123.5, target 58.6-59.1 vs
-64.0-65.1, dx 62.1-63.6 vs 66.1-66.9, dW 56.3-57.1 vs 60.9-61.5; on a trained step's own
-operands (operands_ab_cube2d.txt; after 3,000 steps, momentum / Adam): dW 57.3-57.8 vs
-60.4-61.0 / 42.6-43.8 vs 48.2-49.3, target 56.1-56.2 vs 58.2 / 40.8-42.2 vs 41.0-41.8,
-the online forward (unions taken) 105.1-106.6 vs 106.7 / 74.5-75.6 vs 75.6-76.9; the
-3x3x3's after 600 Adam steps (operands_ab_cube3.txt): target 1,802-1,826 vs 1,920-1,926,
-dW 806-826 vs 929-935, online and dx within their noise.
+zeros list unions of 0.75 of K and own lists of ~0.52 (own cheaper); rows alike (dead
+units, a very sparse delta) list unions little longer than the longer own list (union
+cheaper). The product counts (no lists) its first SAMPLE_PAIRS pairs' lengths in the
+first K block and takes the walk STEP_COSTS makes cheaper there. On the Zen 4 host,
+alone and hot, medians in us, against unions only (HEAD 582b778), runs/perf52/: the
+small step's four products at initialisation (rows independent, half zeros,
+final_products.txt) online forward 102.4-103.2 vs 121.2-124.0, target 54.0-54.9 vs
+64.3-65.4, dx 55.2-57.3 vs 65.2-67.7, dW 52.4-53.3 vs 61.6-61.9 (one round 62.6); on
+trained steps' own operands (dump_operands.py, after 3,000 steps; final_operands_*.txt)
+with momentum online 101.7-102.4 vs 104.8-105.9, target 51.8 vs 58.4-58.5 (one round
+65.0), dW 52.3-52.8 vs 60.1-60.8, dx 52.2-52.4 vs 55.4-55.6, with Adam online 72.3-74.3
+vs 75.4-77.1, target 38.0-39.1 vs 41.4-42.7, dW 39.9-40.9 vs 48.0-48.8, dx (13% nonzero,
+unions taken) 21.5-23.1 vs 22.1-22.7; the 3x3x3's after 600 Adam steps target 1,678-1,682
+vs 1,892-1,946, dW 756-787 vs 916-933, online 1,498-1,526 vs 1,527-1,569, dx 738-741 vs
+719-723.
 
 Twins: a pair whose two rows hold the same bits (in a double-DQN step the online net's
 row of a terminal transition's s' holds its s, learner.next_state_rows), or a last row
@@ -64,22 +71,22 @@ four products within their noise of before (products_ab2.txt).
 
 Cost (AVX-512): a union entry's eight FMAs about 1.1x a dense tile FMA each when the
 host runs fast, more when it does not (the lists and panel rows are loads the dense tile
-does not make), so the path pays while the walks cost less than union lists of ~0.78 of
-K (FILL_MAX; an own walk counted in union entries by STEP_COSTS; on the Zen 4 host,
-dense over sparse, paired unions: lists of 0.75 K 1.02-1.19x, 0.80 K 0.95-0.98x, 0.84 K
-0.87-0.93x, runs/perf45/fill_sweep.txt; own lists always, the 15 products of
-runs/perf52/split_fill_sweep.txt: fill 0.60 1.03-1.20x, 0.65 0.97-1.09x, 0.70
-0.90-1.04x). AVX2's dense tile (6 x 16: two panel loads and six broadcasts per twelve
-FMAs) leaves the lists more room: the AVX2 code on the Zen 4 host
-(CUBEDQN_TILE_GEMM=avx2), the small step's four 256-wide products, paired medians:
-unions of 0.75 K 1.11-1.17x, 0.80 K 1.07-1.12x, 0.84 K 1.03-1.09x, 0.88 K 0.98-1.03x
-(runs/perf46/fill_sweep_avx2.txt), so FILL_MAX is 0.82 there; own lists always
-(runs/perf52/split_fill_sweep_avx2.txt, 15 products): fill 0.5 1.18-1.51x, 0.6
-1.03-1.21x, 0.65 0.83-1.11x, about what STEP_COSTS makes of them in union entries, which
-it keeps for AVX2 (not measured on an AVX2-only CPU). An own list per row walked alone
-(no pairs) ran its FMAs at ~1.6x the tile's cost (AVX-512), no faster at half zeros,
-slower where rows' zeros are alike (rows of a batch side by side: lists of 0.40 K at
-0.33 nonzeros).
+does not make), so unions pay while they are under ~0.78 of K (FILL_MAX; on the Zen 4
+host, dense over sparse, paired unions: lists of 0.75 K 1.02-1.19x, 0.80 K 0.95-0.98x,
+0.84 K 0.87-0.93x, runs/perf45/fill_sweep.txt). Own lists, walked always (the 15
+products of runs/perf52/records_fill_sweep.txt, independent zeros): fill 0.60
+1.10-1.30x, 0.65 1.05-1.23x, 0.70 0.92-1.12x, 0.75 0.88-1.08x, so own walks pay while they
+cost under ~0.86 of K in union entries (FILL_MAX_OWN: about fill 0.70). AVX2's dense
+tile (6 x 16: two panel loads and six broadcasts per twelve FMAs) leaves the unions more
+room: the AVX2 code on the Zen 4 host (CUBEDQN_TILE_GEMM=avx2), the small step's four
+256-wide products, paired medians: unions of 0.75 K 1.11-1.17x, 0.80 K 1.07-1.12x, 0.84
+K 1.03-1.09x, 0.88 K 0.98-1.03x (runs/perf46/fill_sweep_avx2.txt), so FILL_MAX is 0.82
+there; its own lists (records_fill_sweep_avx2.txt) 0.60 1.12-1.42x, 0.70 1.00-1.26x,
+0.75 0.94-1.17x, so FILL_MAX_OWN and STEP_COSTS are kept (not measured on an AVX2-only
+CPU). An own list per row walked alone (no pairs) ran its FMAs at ~1.6x the tile's cost
+(AVX-512, stop 52's prototype, its values and offsets in separate arrays), no faster at
+half zeros, slower where rows' zeros are alike (rows of a batch side by side: lists of
+0.40 K at 0.33 nonzeros).
 
 Arithmetic: the dense tile's, bit for bit: each element of C is fma(a[k], b[k], acc)
 over k in order from +0 (through C between K blocks), then + bias, then the ReLU, with
