@@ -39,7 +39,7 @@ Walks: a product takes one of two, chosen before its first lists are made.
   with one 64-bit load (the offset its low half, the value broadcast from its high
   half): with separate arrays of offsets and values, four scalar loads a step waited on
   the panel loads' ports, and a step cost ~1.3 (the four products at half zeros 102-103 /
-  54-55 / 55-57 / 52-53 us with records against 111-113 / 59-60 / 58-62 / 57-58,
+  54-55 / 55-57 / 52-53 (once 63) us with records against 111-113 / 59-60 / 58-62 / 57-58,
   runs/perf52/final_products.txt).
 Which is cheaper follows how alike a pair's rows are: rows drawn independently at half
 zeros list unions of 0.75 of K and own lists of ~0.52 (own cheaper); rows alike (dead
@@ -75,18 +75,18 @@ does not make), so unions pay while they are under ~0.78 of K (FILL_MAX; on the 
 host, dense over sparse, paired unions: lists of 0.75 K 1.02-1.19x, 0.80 K 0.95-0.98x,
 0.84 K 0.87-0.93x, runs/perf45/fill_sweep.txt). Own lists, walked always (the 15
 products of runs/perf52/records_fill_sweep.txt, independent zeros): fill 0.60
-1.10-1.30x, 0.65 1.05-1.23x, 0.70 0.92-1.12x, 0.75 0.88-1.08x, so own walks pay while they
-cost under ~0.86 of K in union entries (FILL_MAX_OWN: about fill 0.70). AVX2's dense
-tile (6 x 16: two panel loads and six broadcasts per twelve FMAs) leaves the unions more
-room: the AVX2 code on the Zen 4 host (CUBEDQN_TILE_GEMM=avx2), the small step's four
-256-wide products, paired medians: unions of 0.75 K 1.11-1.17x, 0.80 K 1.07-1.12x, 0.84
-K 1.03-1.09x, 0.88 K 0.98-1.03x (runs/perf46/fill_sweep_avx2.txt), so FILL_MAX is 0.82
-there; its own lists (records_fill_sweep_avx2.txt) 0.60 1.12-1.42x, 0.70 1.00-1.26x,
-0.75 0.94-1.17x, so FILL_MAX_OWN and STEP_COSTS are kept (not measured on an AVX2-only
-CPU). An own list per row walked alone (no pairs) ran its FMAs at ~1.6x the tile's cost
-(AVX-512, stop 52's prototype, its values and offsets in separate arrays), no faster at
-half zeros, slower where rows' zeros are alike (rows of a batch side by side: lists of
-0.40 K at 0.33 nonzeros).
+1.10-1.30x, 0.65 1.05-1.23x, 0.70 0.92-1.12x, 0.75 0.88-1.08x, so own walks pay while
+they cost under ~0.86 of K in union entries (FILL_MAX_OWN: about fill 0.70). AVX2's
+dense tile (6 x 16: two panel loads and six broadcasts per twelve FMAs) leaves the
+unions more room: the AVX2 code on the Zen 4 host (CUBEDQN_TILE_GEMM=avx2), the small
+step's four 256-wide products, paired medians: unions of 0.75 K 1.11-1.17x, 0.80 K
+1.07-1.12x, 0.84 K 1.03-1.09x, 0.88 K 0.98-1.03x (runs/perf46/fill_sweep_avx2.txt), so
+FILL_MAX is 0.82 there; its own lists (records_fill_sweep_avx2.txt) 0.60 1.12-1.42x,
+0.70 1.00-1.26x, 0.75 0.94-1.17x, so FILL_MAX_OWN and STEP_COSTS are kept (not measured
+on an AVX2-only CPU). An own list per row walked alone (no pairs) ran its FMAs at ~1.6x
+the tile's cost (AVX-512, stop 52's prototype, its values and offsets in separate
+arrays), no faster at half zeros, slower where rows' zeros are alike (rows of a batch
+side by side: lists of 0.40 K at 0.33 nonzeros).
 
 Arithmetic: the dense tile's, bit for bit: each element of C is fma(a[k], b[k], acc)
 over k in order from +0 (through C between K blocks), then + bias, then the ReLU, with
