@@ -297,19 +297,24 @@ def _own_cost(n0, n1):
     return STEP_COSTS["own"] * shorter + STEP_COSTS["rest"] * (longer - shorter)
 
 
-def listed_fraction(op_a, halves=False) -> float:
-    """What tile_sparse.py's walks for C = op(A) @ B cost, in entries of a pair's union list,
-    as a fraction of K: its test against FILL_MAX (sparse_path_takes; over all rows and k here, over the
-    first block of each in the kernel). A union list holds the k where either row of a pair
-    (_paired_rows) is nonzero; where the product walks its rows' own lists (_walk_lengths),
-    a pair costs their walk's STEP_COSTS."""
+def _walk_cost(op_a, halves):
+    """(listed_fraction, whether the product walks its rows' own lists)."""
     from .tile_sparse import STEP_COSTS
     a = np.asarray(op_a)
     if a.size == 0:
-        return 1.0
+        return 1.0, False
     n0, n1, nu, own = _walk_lengths(a, halves)
     cost = _own_cost(n0, n1) / STEP_COSTS["union"] if own else nu
-    return float(cost.sum() / (len(nu) * a.shape[1]))
+    return float(cost.sum() / (len(nu) * a.shape[1])), own
+
+
+def listed_fraction(op_a, halves=False) -> float:
+    """What tile_sparse.py's walks for C = op(A) @ B cost, in entries of a pair's union list,
+    as a fraction of K: its test against FILL_MAX (sparse_path_takes; over all rows and k
+    here, over the first block of each in the kernel). A union list holds the k where
+    either row of a pair (_paired_rows) is nonzero; where the product walks its rows' own
+    lists (_walk_lengths), a pair costs their walk's STEP_COSTS."""
+    return _walk_cost(op_a, halves)[0]
 
 
 def sparse_path_takes(op_a, halves=False) -> bool:
@@ -317,8 +322,8 @@ def sparse_path_takes(op_a, halves=False) -> bool:
     product (listed_fraction against FILL_MAX, or FILL_MAX_OWN where the rows' own lists
     are walked); the caller checks that the tile takes it and N is whole panels."""
     from . import tile_sparse
-    own = _walk_lengths(op_a, halves)[3] if np.asarray(op_a).size else False
-    return listed_fraction(op_a, halves) <= (tile_sparse.FILL_MAX_OWN if own else tile_sparse.FILL_MAX)
+    cost, own = _walk_cost(op_a, halves)
+    return cost <= (tile_sparse.FILL_MAX_OWN if own else tile_sparse.FILL_MAX)
 
 
 def walked_fraction(op_a, halves=False, trans_a=False) -> float:

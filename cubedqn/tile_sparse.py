@@ -282,6 +282,16 @@ def emit(mod):
         (one ternary-logic op a vector, where a compare and a mask test were three)."""
         return b.or_(diff, b.xor(b.bitcast(v0, ivec), b.bitcast(v1, ivec)))
 
+    def over_vectors(kn, name, step, init, types):
+        """step(k, mask, carried) -> carried for k = 0, LANES, ... below kn, the last vector
+        masked (mask None for whole ones); returns the carried values after."""
+        k, c, close_k = loop(c64(0), kn, LANES, name, init)
+        c = close_k(step(k, None, c))
+        tail = b.srem(kn, c64(LANES))
+        k_last = b.sub(kn, tail)
+        return branches(b.icmp_signed(">", tail, c64(0)), f"{name}.tail",
+                        lambda: step(k_last, lane_mask(b, LANES, tail), c), lambda: list(c), types)
+
     def list_rows(own, g0, pairs, k0, kn, first):
         """Pair p's list (p < pairs) of op(A)'s rows pair_rows(g0 + p) (a missing second row
         reads as zero) over k in [k0, k0 + kn); returns the sum of the lists' lengths.
@@ -295,17 +305,11 @@ def emit(mod):
             v1 = load_floats(b, A, b.add(b.mul(r1, lda), b.add(k0, k)), LANES, mask)
             return v0, b.select(second, v1, zero)
 
-        def put_noting(k, v0, v1, pos0, pos1, diff):
-            return put_pair(own, p, k, v0, v1, [pos0, pos1]) + [differing(v0, v1, diff)]
+        def put_noting(k, mask, c):
+            v0, v1 = loads(k, mask)
+            return put_pair(own, p, k, v0, v1, c[:2]) + [differing(v0, v1, c[2])]
 
-        k, (pos0, pos1, diff), close_k = loop(c64(0), kn, LANES, "list.k", [c64(0), c64(0), izero])
-        pos0, pos1, diff = close_k(put_noting(k, *loads(k, None), pos0, pos1, diff))
-        tail = b.srem(kn, c64(LANES))
-        k_last = b.sub(kn, tail)
-        pos0, pos1, diff = branches(
-            b.icmp_signed(">", tail, c64(0)), "list.tail",
-            lambda: put_noting(k_last, *loads(k_last, lane_mask(b, LANES, tail)), pos0, pos1, diff),
-            lambda: [pos0, pos1, diff], [i64, i64, ivec])
+        pos0, pos1, diff = over_vectors(kn, "list.k", put_noting, [c64(0), c64(0), izero], [i64, i64, ivec])
         cost = note_lengths(own, p, [pos0, pos1])
         # twins so far (every K block's values the same bits: C's rows too), or no second row
         same = b.icmp_unsigned("==", b.bitcast(diff, wide), ir.Constant(wide, 0))
@@ -395,8 +399,6 @@ def emit(mod):
         "Walks"): the cheaper by STEP_COSTS, over the first SAMPLE_PAIRS pairs in the first K block,
         counted (no lists made)."""
         kn0 = smin(K, c64(K_BLOCK))
-        tail = b.srem(kn0, c64(LANES))
-        k_last = b.sub(kn0, tail)
 
         def rows_as_is():
             p, (su, sm), close_p = loop(c64(0), smin(n_pairs, c64(SAMPLE_PAIRS)), 1, "sample", [c64(0), c64(0)])
@@ -409,10 +411,7 @@ def emit(mod):
                 return [b.add(x, b.zext(b.call(popcount, [b.bitcast(m, bits)]), i64))
                         for x, m in zip(c, (m0, m1, b.or_(m0, m1)))]
 
-            k, c, close_k = loop(c64(0), kn0, LANES, "sample.k", [c64(0)] * 3)
-            c = close_k(count(k, None, c))
-            c = branches(b.icmp_signed(">", tail, c64(0)), "sample.tail",
-                         lambda: count(k_last, lane_mask(b, LANES, tail), c), lambda: list(c), [i64] * 3)
+            c = over_vectors(kn0, "sample.k", count, [c64(0)] * 3, [i64] * 3)
             return close_p([b.add(su, c[2]), b.add(sm, own_cost(c[0], c[1]))])
 
         def rows_transposed():  # op(A)'s rows are A's columns: per lane (column) counts over k
