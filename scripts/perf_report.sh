@@ -15,14 +15,33 @@ run $PY scripts/bench_peers.py --bf16 | tee "$out/peers.txt"
 # the same comparison with Adam, the update the issue's profile commands below run
 run $PY scripts/bench_peers.py --optimizer adam | tee "$out/peers-adam.txt"
 run $PY scripts/bench_replay.py | tee "$out/replay.txt"
+# The issue's commands verbatim (with --puzzle and no --profile: plain sticker inputs, Adam,
+# i.e. 144-256-256-12), then the same network with clipped momentum, the step the peer
+# benchmark times, then the cube2 preset: each at --threads 1 and 2 back to back, PAIRS
+# rounds (default 3), the order swapped each round, so that each --threads 2 row is a median
+# of pairs timed side by side (a 2-vCPU host's second CPU has slow windows of seconds,
+# README, Performance). Round 1's files have no -rN suffix.
+PAIRS=${PAIRS:-3}
+pair() {  # pair STEM json|text PROFILE-ARGS...: the profile at --threads 1 and 2, in $order
+  local stem=$1 kind=$2 t; shift 2
+  for t in $order; do
+    if [ "$kind" = json ]; then
+      run $PY -m cubedqn.cli profile "$@" --threads $t --json > "$out/$stem-t$t$sfx.json"
+    else
+      run $PY -m cubedqn.cli profile "$@" --threads $t | tee "$out/$stem-t$t$sfx.txt"
+    fi
+  done
+}
+for r in $(seq 1 "$PAIRS"); do
+  sfx=$([ "$r" = 1 ] || echo "-r$r")
+  order=$([ $((r % 2)) = 1 ] && echo "1 2" || echo "2 1")
+  pair profile-cube2-double json --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --steps 2000
+  pair profile-cube2-double-stickers-momentum json --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double \
+    --input-encoding stickers --optimizer momentum --steps 2000
+  pair profile-cube3-double json --puzzle cube3 --hidden 1024,512 --batch-size 256 --targets double --steps 300
+  pair profile-cube2-preset text --profile cube2 --steps 500
+done
 for t in 1 2; do
-  # the issue's commands verbatim (with --puzzle and no --profile: plain sticker inputs, Adam,
-  # i.e. 144-256-256-12), then the same network with clipped momentum, the step the peer
-  # benchmark times
-  run $PY -m cubedqn.cli profile --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --threads $t --steps 2000 --json > "$out/profile-cube2-double-t$t.json"
-  run $PY -m cubedqn.cli profile --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --input-encoding stickers --optimizer momentum --threads $t --steps 2000 --json > "$out/profile-cube2-double-stickers-momentum-t$t.json"
-  run $PY -m cubedqn.cli profile --puzzle cube3 --hidden 1024,512 --batch-size 256 --targets double --threads $t --steps 300 --json > "$out/profile-cube3-double-t$t.json"
-  run $PY -m cubedqn.cli profile --profile cube2 --threads $t --steps 500 | tee "$out/profile-cube2-preset-t$t.txt"
   # acting scores only the greedy states, and 500 steps into the preset's 100,000 epsilon is
   # still ~1: the same profile at the schedule's final 0.05, acting on 95% of the states
   run $PY -m cubedqn.cli profile --profile cube2 --threads $t --steps 500 --epsilon 0.05 | tee "$out/profile-cube2-preset-eps05-t$t.txt"

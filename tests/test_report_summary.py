@@ -114,3 +114,35 @@ def test_the_gemm_row_says_what_share_of_the_multiply_adds_the_sparse_path_did(t
     measured, verdict = rows["GEMM layers >= 70% of the sgemm peak (the issue's cube2 command, 1 thread)"]
     assert measured.startswith("150% (150.0 of 100.0 GFLOP/s; dense-equivalent: they did 40% of the multiply-adds, "
                                "60% of the peak for those)") and verdict == "met"
+
+
+def test_a_threads_row_is_the_median_of_the_rounds_alternating_pairs(tmp_path):
+    """perf_report.sh times each --threads comparison in rounds of back-to-back pairs (round
+    1's files unsuffixed, round r's -rR); the row lists every pair's ratio and the median
+    decides, so one slow window does not: here round 2's two-thread run was slow."""
+    for sfx, one, two in (("", 1000.0, 1200.0), ("-r2", 1000.0, 700.0), ("-r3", 1100.0, 1210.0)):
+        _profile(tmp_path / f"profile-cube2-double-t1{sfx}.json", one, 60.0, 100.0)
+        _profile(tmp_path / f"profile-cube2-double-t2{sfx}.json", two, 60.0, 100.0, 2)
+    _profile(tmp_path / "profile-cube2-double-t1-r5.json", 1.0, 60.0, 100.0)  # past a missing round 4: not read
+    _profile(tmp_path / "profile-cube2-double-t2-r5.json", 1.0, 60.0, 100.0, 2)
+    preset = "train step (sample+forward+backward+optimizer): 2.0 ms = 30000 steps/min\nend to end: {} gradient steps/min\n"
+    for sfx, one, two in (("", 30000, 24000), ("-r2", 30000, 45000)):
+        (tmp_path / f"profile-cube2-preset-t1{sfx}.txt").write_text(preset.format(one))
+        (tmp_path / f"profile-cube2-preset-t2{sfx}.txt").write_text(preset.format(two))
+    (tmp_path / "profile-cube2-preset-t1-r3.txt").write_text(preset.format(30000))  # round 3 half there: not read
+    rows = {target: (measured, verdict) for target, measured, verdict in
+            report_summary.summary_rows(report_summary.Report(tmp_path))}
+    measured, verdict = rows["--threads 2 not slower than 1 end to end (the issue's cube2 command)"]
+    assert measured == "1.10x (median of 3 alternating pairs: 1.20x, 0.70x, 1.10x; kept 2, 2, 2 thread(s))"
+    assert verdict == "met"
+    measured, verdict = rows["--threads 2 not slower than 1 end to end (`cube2` preset, profile)"]
+    assert measured == "1.15x (median of 2 alternating pairs: 0.80x, 1.50x)" and verdict == "met"
+
+
+def test_a_single_pair_reads_as_before_and_decides_alone(tmp_path):
+    _profile(tmp_path / "profile-cube3-double-t1.json", 1000.0, 60.0, 100.0)
+    _profile(tmp_path / "profile-cube3-double-t2.json", 990.0, 60.0, 100.0, 1)
+    rows = {target: (measured, verdict) for target, measured, verdict in
+            report_summary.summary_rows(report_summary.Report(tmp_path))}
+    assert rows["--threads 2 not slower than 1 end to end (the issue's cube3 command)"] == (
+        "0.99x (1,000 -> 990 steps/min, kept 1 thread(s))", "**not met**")
