@@ -88,6 +88,17 @@ the tile's cost (AVX-512, stop 52's prototype, its values and offsets in separat
 arrays), no faster at half zeros, slower where rows' zeros are alike (rows of a batch
 side by side: lists of 0.40 K at 0.33 nonzeros).
 
+Where the time goes (Zen 4, runs/perf53): an own step alone, hot, takes 9.66 cycles for
+its eight FMAs (83% of the FMA ceiling; with no list loads 8.95, a union entry's 8.12),
+and whole walks of varying lengths as fast (walk_cap.py: 4.82 cycles an entry). The
+rest of a product is its lists, its panel copies, C between K blocks and the loops:
+skipping the walks leaves 16-23% of each product (exp_overheads2.txt), the large
+products' panel copies the most of it (each block of rows copies all of B again, from
+L3). Blocks of 256 rows, not 128, halve those copies: bench_peers' large products alone
+1.02-1.05x, the issue's cube3 command (Adam) train step 1.03-1.09x in six alternating
+pairs, its trained products 1.06-1.16x (rb256_*.txt); the small step's products are
+single blocks either way, its dW (256 rows) 1.04x.
+
 Arithmetic: the dense tile's, bit for bit: each element of C is fma(a[k], b[k], acc)
 over k in order from +0 (through C between K blocks), then + bias, then the ReLU, with
 k where a[k] is zero left out (own lists: each of the row's; unions: where both rows of
@@ -111,7 +122,10 @@ LANES = 16 if tile_avx512() else 8  # floats a vector: zmm, or ymm (AVX2)
 NV = 4                  # vectors a row of the panel: with two rows, 8 accumulators (+ 4 + 2 of 16 ymm)
 PANEL = NV * LANES      # columns of C a walk of the lists fills: 64, 32 with AVX2
 K_BLOCK = 128       # k values a list covers: B's panel, K_BLOCK x PANEL floats, is L1's 32 KB (AVX2: half)
-ROW_BLOCK = 128      # rows listed at a time: their pairs' lists, ROW_BLOCK / 2 x ROW_SLOTS x 16 bytes, on the stack
+# rows listed at a time: their pairs' lists, ROW_BLOCK / 2 x ROW_SLOTS x 16 bytes (295 KB), on
+# the stack; each block of rows copies every panel of B again, from L3 where B is a large
+# layer's weights (2 MB at 1024 x 512): 256 rows, not 128, halve those copies ("Cost")
+ROW_BLOCK = 256
 ROW_SLOTS = K_BLOCK + LANES  # a pair's list room: each append stores a whole vector past the list's end
 # the most the walks may cost, in union entries as a fraction of K (see the docstring): with
 # AVX2, whose dense tile does fewer FMAs a load than the AVX-512 one, they pay longer

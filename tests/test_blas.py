@@ -371,13 +371,19 @@ def _bias_product(m, n, k, a, b, bias, word, pad=np.nan):
     return got
 
 
+def _sparse_row_block():
+    return blas.tile_gemm.tile_sparse.ROW_BLOCK
+
+
 def _sparse_cases():
-    """(m, n, k, transposed A, transposed B): pairs and an odd row, blocks of 128 rows and a
-    short last one, K in blocks of 128 and a 16-wide tail, one panel and several."""
-    for m in (1, 2, 3, 17, 64, 65, 130):
+    """(m, n, k, transposed A, transposed B): pairs and an odd row, blocks of ROW_BLOCK rows
+    (tile_sparse.py: 256) and a short last one, K in blocks of 128 and a 16-wide tail, one
+    panel and several."""
+    rows = _sparse_row_block()
+    for m in (1, 2, 3, 17, 64, 65, 130, rows + 2):
         for k in (1, 5, 16, 17, 128, 129, 300):
             yield m, 64, k, False, False
-    for m, n, k in ((64, 256, 256), (9, 192, 1024), (128, 128, 64), (200, 64, 40)):
+    for m, n, k in ((64, 256, 256), (9, 192, 1024), (128, 128, 64), (200, 64, 40), (rows + 72, 128, 40)):
         yield m, n, k, False, False
     for m, n, k in ((64, 256, 256), (9, 64, 129), (3, 128, 17), (70, 64, 7)):
         yield m, n, k, False, True
@@ -502,7 +508,8 @@ def test_sparse_path_walks_rows_own_lists_where_their_zeros_differ(one_blas_thre
 
 @needs_sparse
 @pytest.mark.parametrize("halves", [False, True])
-@pytest.mark.parametrize("m,n,k", [(64, 256, 256), (130, 64, 300), (20, 128, 17), (2, 64, 128), (9, 64, 129)])
+@pytest.mark.parametrize("m,n,k", [(64, 256, 256), (130, 64, 300), (20, 128, 17), (2, 64, 128), (9, 64, 129),
+                                   (_sparse_row_block() + 40, 64, 300)])
 def test_sparse_path_walks_twin_rows_once_with_the_dense_loops_bits(m, n, k, halves, one_blas_thread):
     """Pairs whose two rows hold the same bits (a double-DQN step's terminal transitions:
     the online net's row of s' holds s) walk as one row, stored to both: the dense loops'
