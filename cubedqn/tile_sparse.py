@@ -94,10 +94,11 @@ and whole walks of varying lengths as fast (walk_cap.py: 4.82 cycles an entry). 
 rest of a product is its lists, its panel copies, C between K blocks and the loops:
 skipping the walks leaves 16-23% of each product (exp_overheads2.txt), the large
 products' panel copies the most of it (each block of rows copies all of B again, from
-L3). Blocks of 256 rows, not 128, halve those copies: bench_peers' large products alone
-1.02-1.05x, the issue's cube3 command (Adam) train step 1.03-1.09x in six alternating
-pairs, its trained products 1.06-1.16x (rb256_*.txt); the small step's products are
-single blocks either way, its dW (256 rows) 1.04x.
+L3). Blocks of 256 rows, not 128, halve those copies: bench_peers' four large products
+alone and hot 1.02-1.05x together, a cube3 net's after 600 Adam steps 1.05-1.08x, the
+issue's cube3 command (Adam) train step 1.02-1.09x in six alternating pairs
+(rb256_*.txt); the small step's products are single blocks either way but its dW (256
+rows), 1.04x.
 
 Arithmetic: the dense tile's, bit for bit: each element of C is fma(a[k], b[k], acc)
 over k in order from +0 (through C between K blocks), then + bias, then the ReLU, with
