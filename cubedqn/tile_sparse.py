@@ -123,7 +123,7 @@ LANES = 16 if tile_avx512() else 8  # floats a vector: zmm, or ymm (AVX2)
 NV = 4                  # vectors a row of the panel: with two rows, 8 accumulators (+ 4 + 2 of 16 ymm)
 PANEL = NV * LANES      # columns of C a walk of the lists fills: 64, 32 with AVX2
 K_BLOCK = 128       # k values a list covers: B's panel, K_BLOCK x PANEL floats, is L1's 32 KB (AVX2: half)
-# rows listed at a time: their pairs' lists, ROW_BLOCK / 2 x ROW_SLOTS x 16 bytes (295 KB), on
+# rows listed at a time: their pairs' lists, ROW_BLOCK / 2 x ROW_SLOTS x 16 bytes (295 KB; AVX2 278), on
 # the stack; each block of rows copies every panel of B again, from L3 where B is a large
 # layer's weights (2 MB at 1024 x 512): 256 rows, not 128, halve those copies ("Cost")
 ROW_BLOCK = 256
