@@ -31,6 +31,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import overload
 
+from . import sums
 from .blas import prefetch, run_range, voidptr_at
 from .nn import aligned_zeros
 
@@ -40,17 +41,9 @@ CLIPS = ("global", "layer", "none")
 _CHUNK = 4096
 
 
-# sq_norm's sums: reassociated (so that they run in vector lanes) without fastmath's promise
-# of no infs and NaNs, under which LLVM may drop the check for an overflow
-SUM_MATH = {"reassoc", "contract", "nsz"}
-NORM_BLOCK = 256        # values a float32 partial sum of sq_norm covers
-NORM_SCALE = 2.0 ** 48  # sq_norm squares g * NORM_SCALE in float32
-
-
-@njit(cache=True, fastmath=SUM_MATH, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def sq_norm_exact(g):
-    """Sum of squares of a 1-D array, each square and the sum in float64 (sq_norm where
-    its float32 squares overflow, and its tail)."""
+    """Sum of squares of a 1-D array, each square and the sum in float64, in index order."""
     total = 0.0
     for i in range(g.shape[0]):
         x = np.float64(g[i])
@@ -58,41 +51,19 @@ def sq_norm_exact(g):
     return total
 
 
-@njit(cache=True, fastmath=SUM_MATH, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def sq_norm(g):
-    """Sum of squares of a 1-D array (a gradient's squared norm), as a float64.
-
-    In blocks of NORM_BLOCK values: each value times 2^48, squared and summed in the
-    array's dtype, each block's sum then added in float64, the total times 2^-96. For
-    float32 that is a multiply and an FMA a vector, where converting every value to
-    float64 first (sq_norm_exact) is bound by the conversions: 4.1 against 6.7 us on the
-    small net's 106k values, hot; the issue's small profile command's optimizer phase
-    0.0205 ms against 0.0227 with momentum, 0.0357 against 0.0375 with Adam (medians of
-    five alternating runs, runs/perf49/sqnorm_ab.txt; with no sum at all 0.016,
-    nonorm_ab_momentum3.txt).
-    The scale keeps the square of every |g| from 3.9e-34 up to 65536 a normal float32:
-    subnormal arithmetic can be many times slower on x86 (an unscaled float32 loop took
-    142 us instead of 6 on a real gradient, whose values below 1e-19 made subnormal
-    squares; on the Zen 4 host a gradient with a tenth of its scaled squares subnormal
-    took 5.0 us, runs/perf49/sqnorm_check.txt). Relative error about 1e-9 on a gradient
-    (the blocks' sums run in vector lanes), a few float32 ulps at worst. A larger value
-    overflows its scaled square: then (any block total that is not finite) the sum is made
-    again in float64, which also gives a NaN where g holds one. A float64 array is summed
-    in float64 throughout.
-    """
-    n = g.shape[0]
-    m = n // NORM_BLOCK * NORM_BLOCK
-    total = 0.0
-    for i in range(0, m, NORM_BLOCK):
-        s = np.float32(0)
-        for j in range(NORM_BLOCK):
-            x = g[i + j] * np.float32(NORM_SCALE)  # exact (a power of two), unless it overflows
-            s += x * x
-        total += np.float64(s)
-    # an inf or a NaN, tested before the scaling back: an isfinite() after it, LLVM dropped
-    if not total <= 1.7976931348623157e308:
-        return sq_norm_exact(g)
-    return total * (1.0 / (NORM_SCALE * NORM_SCALE)) + sq_norm_exact(g[m:])
+    """Sum of squares of a 1-D float32 or float64 array (a gradient's squared norm), as a
+    float64: sums.py's IR, in blocks of scaled squares in vector lanes, then a float64
+    total, in an order it writes down, so that every process gets the same bits (a
+    reassociating Numba loop did not: a cached caller's copy summed another way than a
+    freshly compiled one, sums.py). On the small net's 106k values, hot, about 4 us, as the
+    fast-math loop it replaced. A strided array is copied first."""
+    if not g.flags.c_contiguous:
+        g = np.ascontiguousarray(g)
+    if g.itemsize == 4:
+        return sums.sq_norm_f32(g.ctypes, g.shape[0])
+    return sums.sq_norm_f64(g.ctypes, g.shape[0])
 
 
 @njit(cache=True, fastmath=True, error_model="numpy")

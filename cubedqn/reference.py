@@ -146,6 +146,42 @@ def sum_tree(leaves: np.ndarray, cap2: int) -> np.ndarray:
     return tree
 
 
+def sq_norm(g: np.ndarray) -> float:
+    """sums.py's squared norm in its order, in numpy (every op in g's dtype, one rounding
+    each): blocks of 256 values scaled by 2^48 and squared, value j of a block into
+    accumulator (j // lanes) % 4, lane j % lanes (16 float32 lanes, 8 float64), the four
+    summed (a0 + a1) + (a2 + a3), the lanes halved down to one, the blocks' sums added in
+    float64; not finite: the whole array in float64; else times 2^-96 plus the tail's
+    squares in float64."""
+    g = np.ascontiguousarray(g)
+    dt = g.dtype.type
+    lanes, block, scale = (16 if g.dtype == np.float32 else 8), 256, 2.0 ** 48
+    n = g.shape[0]
+    m = n // block * block
+
+    def exact(x):
+        total = 0.0
+        for v in x.astype(np.float64):
+            total += v * v
+        return total
+
+    total = 0.0
+    for i in range(0, m, block):
+        with np.errstate(over="ignore"):  # an overflow sends the sum to the float64 redo
+            x = g[i:i + block] * dt(scale)
+            squares = (x * x).reshape(block // lanes, lanes)
+        accs = [np.zeros(lanes, g.dtype) for _ in range(4)]
+        for v in range(block // lanes):
+            accs[v % 4] = accs[v % 4] + squares[v]
+        s = (accs[0] + accs[1]) + (accs[2] + accs[3])
+        while len(s) > 1:
+            s = s[:len(s) // 2] + s[len(s) // 2:]
+        total += float(s[0])
+    if not total <= 1.7976931348623157e308:
+        return exact(g)
+    return total * (1.0 / (scale * scale)) + exact(g[m:])
+
+
 def bf16_round(x: np.ndarray) -> np.ndarray:
     """float32 x rounded to the nearest bfloat16 (ties to even), as float32 (finite x)."""
     u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
