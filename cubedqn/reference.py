@@ -170,12 +170,12 @@ def sq_norm(g: np.ndarray) -> float:
         with np.errstate(over="ignore"):  # an overflow sends the sum to the float64 redo
             x = g[i:i + block] * dt(scale)
             squares = (x * x).reshape(block // lanes, lanes)
-        accs = [np.zeros(lanes, g.dtype) for _ in range(4)]
-        for v in range(block // lanes):
-            accs[v % 4] = accs[v % 4] + squares[v]
-        s = (accs[0] + accs[1]) + (accs[2] + accs[3])
-        while len(s) > 1:
-            s = s[:len(s) // 2] + s[len(s) // 2:]
+            accs = [np.zeros(lanes, g.dtype) for _ in range(4)]
+            for v in range(block // lanes):
+                accs[v % 4] = accs[v % 4] + squares[v]
+            s = (accs[0] + accs[1]) + (accs[2] + accs[3])
+            while len(s) > 1:
+                s = s[:len(s) // 2] + s[len(s) // 2:]
         total += float(s[0])
     if not total <= 1.7976931348623157e308:
         return exact(g)
