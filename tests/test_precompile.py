@@ -73,9 +73,11 @@ def test_a_cold_start_compiles_ahead_and_leaves_nothing_to_compile(tmp_path, con
     """A first `train` on a fresh Numba cache starts the second process; the next run loads
     every kernel (NUMBA_DEBUG_CACHE reports no save), starts none, and trains the same bits.
     With double targets the first run may begin on the per-part step while the second
-    process compiles the one-call step, and waits for it at its end."""
+    process compiles the one-call step, and waits for it at its end. Every step is clipped
+    (--max-grad-norm 0.1), so the norm's bits reach the parameters: the first run's update
+    kernels are compiled in its own process, the second's loaded (sums.py)."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), CUBEDQN_COMPILE_AHEAD="1")
-    args = [sys.executable, "-m", "cubedqn.cli", "train", *config, "--steps", "3", "--out"]
+    args = [sys.executable, "-m", "cubedqn.cli", "train", *config, "--steps", "3", "--max-grad-norm", "0.1", "--out"]
     cold = subprocess.run(args + [str(tmp_path / "cold")], env=env, capture_output=True, text=True, timeout=900)
     assert cold.returncode == 0, cold.stderr[-2000:]
     assert "a second process compiles the learner's" in cold.stdout and "did not finish" not in cold.stderr
