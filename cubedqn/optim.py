@@ -42,23 +42,14 @@ _CHUNK = 4096
 
 
 @njit(cache=True, error_model="numpy")
-def sq_norm_exact(g):
-    """Sum of squares of a 1-D array, each square and the sum in float64, in index order."""
-    total = 0.0
-    for i in range(g.shape[0]):
-        x = np.float64(g[i])
-        total += x * x
-    return total
-
-
-@njit(cache=True, error_model="numpy")
 def sq_norm(g):
     """Sum of squares of a 1-D float32 or float64 array (a gradient's squared norm), as a
     float64: sums.py's IR, in blocks of scaled squares in vector lanes, then a float64
     total, in an order it writes down, so that every process gets the same bits (a
     reassociating Numba loop did not: a cached caller's copy summed another way than a
-    freshly compiled one, sums.py). On the small net's 106k values, hot, about 4 us, as the
-    fast-math loop it replaced. A strided array is copied first."""
+    freshly compiled one, sums.py). On the small net's 106k values, hot, 4.5 us (the
+    fast-math loop it replaced: 4.1; runs/perf53/sq_check.txt). A strided array is copied
+    first."""
     if not g.flags.c_contiguous:
         g = np.ascontiguousarray(g)
     if g.itemsize == 4:

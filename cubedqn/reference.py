@@ -158,13 +158,6 @@ def sq_norm(g: np.ndarray) -> float:
     lanes, block, scale = (16 if g.dtype == np.float32 else 8), 256, 2.0 ** 48
     n = g.shape[0]
     m = n // block * block
-
-    def exact(x):
-        total = 0.0
-        for v in x.astype(np.float64):
-            total += v * v
-        return total
-
     total = 0.0
     for i in range(0, m, block):
         with np.errstate(over="ignore"):  # an overflow sends the sum to the float64 redo
@@ -178,8 +171,17 @@ def sq_norm(g: np.ndarray) -> float:
                 s = s[:len(s) // 2] + s[len(s) // 2:]
         total += float(s[0])
     if not total <= 1.7976931348623157e308:
-        return exact(g)
-    return total * (1.0 / (scale * scale)) + exact(g[m:])
+        return sq_norm_exact(g)
+    return total * (1.0 / (scale * scale)) + sq_norm_exact(g[m:])
+
+
+def sq_norm_exact(g: np.ndarray) -> float:
+    """Sum of squares of a 1-D array, each square and the sum in float64, in index order
+    (sq_norm's redo and tail)."""
+    total = 0.0
+    for v in np.asarray(g, np.float64):
+        total += v * v
+    return total
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from cubedqn import reference as ref
 from cubedqn import sums
 from cubedqn.cube import encode_index, encode_onehot
 from cubedqn.nn import ALIGN, LOSSES, MLP, NO_GROUPS, NO_TAKEN, Layout, aligned_zeros, loss_full, loss_taken, views
-from cubedqn.optim import Optimizer, clip_factor, sq_norm, sq_norm_exact, update_rows, update_slice
+from cubedqn.optim import Optimizer, clip_factor, sq_norm, update_rows, update_slice
 from blas_rows import same
 
 S = 8  # a tiny "puzzle": 8 stickers, 6 colours
@@ -300,7 +300,7 @@ def test_sq_norm_by_scaled_float32_blocks_stays_close_to_float64(n):
     g = (rng.normal(0, 1, n) * 10.0 ** rng.uniform(-33, 4, n)).astype(np.float32)
     exact = float((g.astype(np.float64) ** 2).sum())
     assert sq_norm(g) == pytest.approx(exact, rel=1e-6)
-    assert sq_norm_exact(g) == pytest.approx(exact, rel=1e-12)
+    assert ref.sq_norm_exact(g) == pytest.approx(exact, rel=1e-12)
     assert sq_norm(g.astype(np.float64)) == pytest.approx(exact, rel=1e-12)
 
 
@@ -361,11 +361,11 @@ def test_sq_norm_has_the_same_bits_in_a_cached_caller_as_compiled_afresh(tmp_pat
 @pytest.mark.parametrize("where", [0, 300, 999])
 def test_sq_norm_redoes_in_float64_where_a_scaled_square_overflows(where):
     """|g| above 65536 overflows its square times 2^96 in float32: the sum is then made in
-    float64 (the same value as sq_norm_exact), and an inf or a NaN comes out as one."""
+    float64 (the same value as reference.sq_norm_exact), and an inf or a NaN comes out as one."""
     g = np.full(1000, 0.5, np.float32)
     for big in (1e5, -3e38):
         g[where] = big
-        assert sq_norm(g) == sq_norm_exact(g) == pytest.approx(float(g[where]) ** 2 + 999 * 0.25, rel=1e-12)
+        assert sq_norm(g) == ref.sq_norm_exact(g) == pytest.approx(float(g[where]) ** 2 + 999 * 0.25, rel=1e-12)
     g[where] = np.inf
     assert sq_norm(g) == np.inf
     g[where] = np.nan
