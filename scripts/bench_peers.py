@@ -417,15 +417,30 @@ def print_table(med, base, flops, width=16):
         print(f"{name:<{width}s} {t * 1e3:>9.3f} {60 / t:>10.0f} {flops / t / 1e9:>14.1f} {t / med[base]:>{w}.2f}x")
 
 
+def rotated(names, rep):
+    """The order of repetition rep: names started at rep mod len(names), so that over
+    the repetitions each implementation is timed in every place, after every other one."""
+    k = rep % len(names)
+    return names[k:] + names[:k]
+
+
 def bench(impls, reps, inner):
+    """Medians (s/step) of reps timed blocks of inner steps each. Each repetition first
+    resets the implementations that have a reset (cubedqn's, untimed), then times one
+    block of each, in an order rotated every repetition: in a fixed order the first
+    implementation always followed the last one's data and the second always followed
+    the first's, and at the large shape the second of two cubedqn rows read 1-2% faster
+    whichever path it ran (runs/perf54/fused_large.txt)."""
     times = {name: [] for name in impls}
     for name, f in impls.items():  # warm-up (compilation)
         for _ in range(3):
             f()
-    for _ in range(reps):
-        for name, f in impls.items():
+    for rep in range(reps):
+        for f in impls.values():
             if hasattr(f, "reset"):  # cubedqn's: from the start parameters each repetition (cubedqn_step)
                 f.reset()
+        for name in rotated(list(impls), rep):
+            f = impls[name]
             t = time.perf_counter()
             for _ in range(inner):
                 f()

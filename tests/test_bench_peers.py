@@ -72,3 +72,32 @@ def test_peer_step_is_the_numpy_step(setup, optimizer, peer):
     theirs = make(layout, puzzle, batch, optimizer=optimizer)
     np.testing.assert_allclose(theirs.params(), p0, rtol=0, atol=0)
     _assert_same_steps(_run(theirs), _run(ref), p0)
+
+
+def test_bench_times_each_implementation_in_every_place_after_the_resets():
+    """bench() rotates its order each repetition (no implementation always first or always
+    right after another), and resets come before a repetition's timed blocks."""
+    log = []
+
+    def impl(name, resettable=False):
+        f = lambda: log.append(name)  # noqa: E731
+        if resettable:
+            f.reset = lambda: log.append("reset " + name)
+        return f
+
+    names = ["a", "b", "c"]
+    impls = {"a": impl("a", True), "b": impl("b"), "c": impl("c", True)}
+    med = bench_peers.bench(impls, reps=3, inner=2)
+    assert sorted(med) == names
+    timed = log[3 * 3:]  # after the warm-up's three calls of each
+    reps = [timed[i:i + 2 + 3 * 2] for i in range(0, len(timed), 8)]
+    assert len(reps) == 3
+    firsts = []
+    for rep in reps:
+        assert rep[:2] == ["reset a", "reset c"]
+        order = rep[2::2]
+        assert rep[2:] == [n for n in order for _ in range(2)]  # a block of inner calls each
+        assert sorted(order) == names
+        firsts.append(order[0])
+    assert sorted(firsts) == names
+    assert bench_peers.rotated(names, 4) == ["b", "c", "a"]
