@@ -58,13 +58,15 @@ _FUSED_ENV = os.environ.get("CUBEDQN_FUSED", "1").strip()
 FUSED_PROBLEM = None if _FUSED_ENV in ("0", "1") else \
     f"CUBEDQN_FUSED={os.environ['CUBEDQN_FUSED']!r} is not one of: 0, 1"
 FUSED = _FUSED_ENV != "0"
-# By default the fused step only where a batch's forward through the GEMM layers is at most
-# this many FLOPs (144-256-256-12 at batch 64: 8.8 M; 324-1024-512-12 at batch 256: 272 M).
-# What one call saves is the per-part path's Python and calls, tens of microseconds: 3% of
-# the small step (docs/performance-log.md, stop 40), nothing measurable at the large one
-# (0.94-1.07x in three alternating pairs of the issue's cube3 profile command, stop 41),
-# while compiling it cost a one-CPU cold start of the cube3 preset 13-15 s.
-FUSED_MAX_GEMM_FLOPS = 32e6
+# By default the fused step wherever it covers the configuration, at any size. What one
+# call saves is the per-part path's Python and calls, tens of microseconds: 3% of the small
+# step (docs/performance-log.md, stop 40), 1-2% of the large one since its GEMMs got faster
+# (stop 61: the issue's cube3 profile command, Adam, eight alternating pairs 0.99-1.08x,
+# median 1.02x; bench_peers' large Adam step 0.95-0.98x the per-part one in its reports).
+# Stops 41-60 kept it to small GEMM layers (then 0.94-1.07x at the large shape, and its
+# compile made a one-CPU cold start of the cube3 preset 13-15 s longer); on two CPUs
+# `train` now begins with the per-part step while the second process compiles it
+# (precompile.py): the cube3 preset's training began ~1 s later cold (stop 61).
 
 
 class PhaseTimer:
@@ -593,10 +595,9 @@ class Learner:
         self.n_touched = 0
         self._parts = PhaseTimer().parts  # where the parts go when no timer is given
         # the fused step (fused_sampled_step) where it covers the configuration; fused=None:
-        # for networks and batches up to FUSED_MAX_GEMM_FLOPS, unless CUBEDQN_FUSED=0.
-        # Timed steps need the kernel's clock.
+        # unless CUBEDQN_FUSED=0. Timed steps need the kernel's clock.
         if fused is None:
-            fused = FUSED and layout.flops_gemm_forward(batch_size) <= FUSED_MAX_GEMM_FLOPS
+            fused = FUSED
         self.fused = bool(fused) and targets != "all-actions" and grad_accum == 1 \
             and not lomo and not sparse_update and encoder.rotation_only
         self.stamps = np.zeros(2 * N_PARTS + 1 + 2, np.int64)  # stamps, sums, the clock's scratch

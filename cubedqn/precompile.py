@@ -12,7 +12,7 @@ draws its evaluation batch and runs its learner's backward and update once
 (`Learner.compile_update`), which that process, coming to them last, then loads. The
 warm-up waits for that process before its first gradient step, which loads the rest; in
 `train`, where that process is still compiling the one-call step (`learner.fused`: dqn and
-double targets on small GEMM layers) by then, training begins with the per-part step, which gives the same
+double targets) by then, training begins with the per-part step, which gives the same
 bits, and takes the one-call step once that process is done (`Trainer.ahead_pending`).
 
 What it is not: a way to make anything faster once the cache is warm (then `start` starts

@@ -10,9 +10,8 @@ profile commands time that step). cubedqn uses its sparse first layer (sticker
 indices); the peers get the dense one-hot float input they would use. A "cubedqn dense" row runs the engine with the
 dense first layer too, and "cubedqn per-part" without the fused step (one kernel call per
 part instead of one for the whole step, as CUBEDQN_FUSED=0 does) where the "cubedqn" row
-takes it, else "cubedqn one-call" with it (learner.FUSED_MAX_GEMM_FLOPS: the large shape's
-engine step is the per-part one). Prints medians, ratios to cubedqn, and the BLAS kernel
-in use.
+takes it (the engine's default at both shapes since stop 61), else "cubedqn one-call" with
+it. Prints medians, ratios to cubedqn, and the BLAS kernel in use.
 
 Then, per shape, the bound the performance issue asks for: the step's GEMMs (their FLOPs
 over the sgemm peak measured in this process, and over the core's FMA ceiling, a loop of

@@ -919,22 +919,19 @@ def test_fused_step_is_left_to_configurations_it_does_not_cover(kw, enc_kw):
     assert Learner(layout, moves, 8, Encoder(P2, 12)).fused
 
 
-def test_fused_step_by_default_only_for_small_gemm_layers(monkeypatch):
-    """fused=None: the one-call step where a batch's forward through the GEMM layers is at
-    most FUSED_MAX_GEMM_FLOPS (the issue's small shape is, its large one is not); an
-    explicit fused=True takes it at any size; CUBEDQN_FUSED=0 (FUSED False) at none."""
+def test_fused_step_by_default_at_any_size(monkeypatch):
+    """fused=None: the one-call step wherever it covers the configuration, the issue's small
+    and large shapes alike; an explicit fused=False keeps the per-part step; CUBEDQN_FUSED=0
+    (FUSED False) takes it nowhere by default."""
     import cubedqn.learner as L
     moves = np.ascontiguousarray(P2.moves[:12])
     enc = Encoder(P2, 12)
     small, large = (Layout(enc.in_dim, enc.n_active, hidden, 12) for hidden in ((256, 256), (1024, 512)))
-    assert small.flops_gemm_forward(64) <= L.FUSED_MAX_GEMM_FLOPS < large.flops_gemm_forward(256)
-    assert Learner(small, moves, 64, enc).fused and not Learner(large, moves, 256, enc).fused
-    assert Learner(large, moves, 256, enc, fused=True).fused
-    edge = Layout(enc.in_dim, enc.n_active, (256, 256), 12)
-    rows = int(L.FUSED_MAX_GEMM_FLOPS // edge.flops_gemm_forward(1))
-    assert Learner(edge, moves, rows, enc).fused and not Learner(edge, moves, rows + 1, enc).fused
+    assert Learner(small, moves, 64, enc).fused and Learner(large, moves, 256, enc).fused
+    assert not Learner(large, moves, 256, enc, fused=False).fused
     monkeypatch.setattr(L, "FUSED", False)
-    assert not Learner(small, moves, 64, enc).fused
+    assert not Learner(small, moves, 64, enc).fused and not Learner(large, moves, 256, enc).fused
+    assert Learner(large, moves, 256, enc, fused=True).fused
 
 
 def test_the_kernel_clock_measures_durations():
