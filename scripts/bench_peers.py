@@ -428,8 +428,9 @@ def bench(impls, reps, inner):
     resets the implementations that have a reset (cubedqn's, untimed), then times one
     block of each, in an order rotated every repetition: in a fixed order the first
     implementation always followed the last one's data and the second always followed
-    the first's, and at the large shape the second of two cubedqn rows read 1-2% faster
-    whichever path it ran (runs/perf54/fused_large.txt)."""
+    the first's, so a ratio of two rows mixed their code with their places (at the large
+    shape the one-call step read 0.98-0.99x the per-part one as the second row, 0.98-1.03x
+    as the first, runs/perf54/fused_large.txt)."""
     times = {name: [] for name in impls}
     for name, f in impls.items():  # warm-up (compilation)
         for _ in range(3):
