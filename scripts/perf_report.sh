@@ -52,11 +52,20 @@ run env CUBEDQN_TEAM=0 $PY -m cubedqn.cli profile --puzzle cube2 --hidden 256,25
 run env CUBEDQN_TEAM=0 $PY -m cubedqn.cli profile --puzzle cube3 --hidden 1024,512 --batch-size 256 --targets double --threads 2 --steps 300 --json > "$out/profile-cube3-double-t2-noteam.json"
 # end to end with every probe of the thread tuner counted (profile probes before its timed
 # steps; a training run probes after its first second and every 30 s): the cube2 preset
-# trained for a minute on one thread and on two; the last lines give steps, seconds, probes
-for t in 1 2; do
-  rm -rf "$out/train-cube2-t$t"
-  run $PY -m cubedqn.cli train --profile cube2 --minutes 1 --threads $t --out "$out/train-cube2-t$t" > "$out/train-cube2-t$t.txt"
-  grep -E "^trained|^thread tuning" "$out/train-cube2-t$t.txt"
+# trained for a minute on one thread and on two, in TRAIN_PAIRS rounds (default PAIRS) of
+# back-to-back pairs like the profiles above (stop 61's second report had its single pair
+# at 1.00x, two threads probed slower and one kept, where its first had read 1.56x); the
+# last lines give steps, seconds, probes
+TRAIN_PAIRS=${TRAIN_PAIRS:-$PAIRS}
+for r in $(seq 1 "$TRAIN_PAIRS"); do
+  sfx=$([ "$r" = 1 ] || echo "-r$r")
+  order=$([ $((r % 2)) = 1 ] && echo "1 2" || echo "2 1")
+  for t in $order; do
+    rm -rf "$out/train-cube2-t$t$sfx"
+    run $PY -m cubedqn.cli train --profile cube2 --minutes 1 --threads $t --out "$out/train-cube2-t$t$sfx" \
+      > "$out/train-cube2-t$t$sfx.txt"
+    grep -E "^trained|^thread tuning" "$out/train-cube2-t$t$sfx.txt"
+  done
 done
 run $PY scripts/bench_startup.py --repeats 2 --compare-ahead | tee "$out/startup.txt"
 if [ -n "${CHECKPOINT:-}" ]; then

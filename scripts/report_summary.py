@@ -63,6 +63,13 @@ def trained_steps(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def trained_run(text: str) -> tuple[int | None, int | None]:
+    """`cubedqn train` output -> (its gradient steps, the GEMM threads its tuner kept at the
+    end: its "thread tuning: the GEMMs on K of N thread(s)" line, None without one)."""
+    m = re.search(r"^thread tuning: the GEMMs on (\d+) of \d+ thread", text, re.M)
+    return trained_steps(text), int(m.group(1)) if m else None
+
+
 def startup_medians(text: str) -> dict[str, float]:
     """bench_startup output -> {"cold", "warm", "cold, CUBEDQN_COMPILE_AHEAD=0"}: the median
     second at which training began."""
@@ -194,9 +201,12 @@ def summary_rows(report: Report) -> list[tuple[str, str, str]]:
     pairs = report.pairs("profile-cube2-preset", "txt", lambda name: _or_none(preset_rates, report.text(name)))
     if pairs:
         rows.append(threads_row("`cube2` preset, profile", [(one[0], two[0]) for one, two in pairs], "steps/min"))
-    steps = [_or_none(trained_steps, report.text(f"train-cube2-t{t}.txt")) for t in (1, 2)]
-    if all(steps):
-        rows.append(threads_row("`train --profile cube2 --minutes 1`", [tuple(steps)], "gradient steps in the minute"))
+    pairs = report.pairs("train-cube2", "txt", lambda name: _or_none(trained_run, report.text(name)))
+    if pairs and all(one[0] and two[0] for one, two in pairs):
+        kept = [two[1] for _, two in pairs]
+        note = f"kept {', '.join(str(k) for k in kept)} thread(s)" if all(k is not None for k in kept) else ""
+        rows.append(threads_row("`train --profile cube2 --minutes 1`", [(one[0], two[0]) for one, two in pairs],
+                                "gradient steps in the minute", note))
     text = report.text("startup.txt")
     if text is not None:
         s = startup_medians(text)

@@ -146,3 +146,26 @@ def test_a_single_pair_reads_as_before_and_decides_alone(tmp_path):
             report_summary.summary_rows(report_summary.Report(tmp_path))}
     assert rows["--threads 2 not slower than 1 end to end (the issue's cube3 command)"] == (
         "0.99x (1,000 -> 990 steps/min, kept 1 thread(s))", "**not met**")
+
+
+def test_the_minute_of_training_is_read_in_pairs_with_the_threads_kept(tmp_path):
+    """perf_report.sh trains the cube2 preset for a minute at --threads 1 and 2 in rounds of
+    pairs too (train-cube2-tT.txt, then -rR): every pair's ratio is listed with the threads
+    the two-thread run's tuner kept, and the median decides; an older report's single pair
+    without a tuning line reads as before."""
+    run = "trained {} gradient steps, 1000 env steps in 60.0 s\n{}"
+    tuned = "thread tuning: the GEMMs on {} of 2 thread(s) at the end; 2 probe(s), 0.4 s of the loop in their blocks\n"
+    for sfx, one, two, kept in (("", 30000, 29900, 1), ("-r2", 31000, 46500, 2), ("-r3", 30000, 45000, 2)):
+        (tmp_path / f"train-cube2-t1{sfx}.txt").write_text(run.format(one, ""))
+        (tmp_path / f"train-cube2-t2{sfx}.txt").write_text(run.format(two, tuned.format(kept)))
+    target = "--threads 2 not slower than 1 end to end (`train --profile cube2 --minutes 1`)"
+    rows = {t: (m, v) for t, m, v in report_summary.summary_rows(report_summary.Report(tmp_path))}
+    assert rows[target] == ("1.50x (median of 3 alternating pairs: 1.00x, 1.50x, 1.50x; kept 1, 2, 2 thread(s))",
+                            "met")
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "train-cube2-t1.txt").write_text(run.format(32605, ""))
+    (single / "train-cube2-t2.txt").write_text(run.format(32484, ""))
+    rows = {t: (m, v) for t, m, v in report_summary.summary_rows(report_summary.Report(single))}
+    assert rows[target] == ("1.00x (32,605 -> 32,484 gradient steps in the minute)", "**not met**")
+    assert report_summary.trained_run(run.format(5, tuned.format(1))) == (5, 1)
