@@ -60,9 +60,10 @@ FUSED_PROBLEM = None if _FUSED_ENV in ("0", "1") else \
 FUSED = _FUSED_ENV != "0"
 # By default the fused step wherever it covers the configuration, at any size. What one
 # call saves is the per-part path's Python and calls, tens of microseconds: 3% of the small
-# step (docs/performance-log.md, stop 40), 1-2% of the large one since its GEMMs got faster
+# step (docs/performance-log.md, stop 40), 1-2% of the large one with Adam on the Zen 4 host
 # (stop 61: the issue's cube3 profile command, Adam, eight alternating pairs 0.99-1.08x,
-# median 1.02x; bench_peers' large Adam step 0.95-0.98x the per-part one in its reports).
+# median 1.02x; bench_peers' large Adam step 0.95-0.99x the per-part one in stop 61's three
+# reports, with momentum 0.98-1.02x).
 # Stops 41-60 kept it to small GEMM layers (then 0.94-1.07x at the large shape, and its
 # compile made a one-CPU cold start of the cube3 preset 13-15 s longer); on two CPUs
 # `train` now begins with the per-part step while the second process compiles it
