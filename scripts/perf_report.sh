@@ -32,9 +32,12 @@ pair() {  # pair STEM json|text PROFILE-ARGS...: the profile at --threads 1 and 
     fi
   done
 }
+round() {  # round R: its files' suffix (none for round 1, else -rR) and its --threads order
+  sfx=$([ "$1" = 1 ] || echo "-r$1")
+  order=$([ $(($1 % 2)) = 1 ] && echo "1 2" || echo "2 1")
+}
 for r in $(seq 1 "$PAIRS"); do
-  sfx=$([ "$r" = 1 ] || echo "-r$r")
-  order=$([ $((r % 2)) = 1 ] && echo "1 2" || echo "2 1")
+  round "$r"
   pair profile-cube2-double json --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double --steps 2000
   pair profile-cube2-double-stickers-momentum json --puzzle cube2 --hidden 256,256 --batch-size 64 --targets double \
     --input-encoding stickers --optimizer momentum --steps 2000
@@ -58,8 +61,7 @@ run env CUBEDQN_TEAM=0 $PY -m cubedqn.cli profile --puzzle cube3 --hidden 1024,5
 # last lines give steps, seconds, probes
 TRAIN_PAIRS=${TRAIN_PAIRS:-$PAIRS}
 for r in $(seq 1 "$TRAIN_PAIRS"); do
-  sfx=$([ "$r" = 1 ] || echo "-r$r")
-  order=$([ $((r % 2)) = 1 ] && echo "1 2" || echo "2 1")
+  round "$r"
   for t in $order; do
     rm -rf "$out/train-cube2-t$t$sfx"
     run $PY -m cubedqn.cli train --profile cube2 --minutes 1 --threads $t --out "$out/train-cube2-t$t$sfx" \

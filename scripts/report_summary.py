@@ -63,11 +63,15 @@ def trained_steps(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def trained_run(text: str) -> tuple[int | None, int | None]:
+def trained_run(text: str) -> tuple[int, int | None] | None:
     """`cubedqn train` output -> (its gradient steps, the GEMM threads its tuner kept at the
-    end: its "thread tuning: the GEMMs on K of N thread(s)" line, None without one)."""
+    end: its "thread tuning: the GEMMs on K of N thread(s)" line, None without one); None
+    without a steps line."""
+    steps = trained_steps(text)
+    if steps is None:
+        return None
     m = re.search(r"^thread tuning: the GEMMs on (\d+) of \d+ thread", text, re.M)
-    return trained_steps(text), int(m.group(1)) if m else None
+    return steps, int(m.group(1)) if m else None
 
 
 def startup_medians(text: str) -> dict[str, float]:
@@ -98,10 +102,12 @@ def _or_none(parse, text):
     return parse(text) if text is not None else None
 
 
-def threads_row(what: str, pairs: list[tuple[float, float]], unit: str, note: str = "") -> tuple[str, str, str]:
+def threads_row(what: str, pairs: list[tuple[float, float]], unit: str, kept=None) -> tuple[str, str, str]:
     """The --threads 2 row of one command from its (one thread, two threads) rates, one pair
     a round: the median of the pairs' ratios decides (perf_report.sh times each pair back to
-    back; a single pair reads a slow window of the host's second CPU as the code's)."""
+    back; a single pair reads a slow window of the host's second CPU as the code's). kept:
+    the threads each two-thread run kept, noted where all are known."""
+    note = f"kept {', '.join(str(k) for k in kept)} thread(s)" if kept and None not in kept else ""
     ratios = [two / one for one, two in pairs]
     med = statistics.median(ratios)
     target = f"--threads 2 not slower than 1 end to end ({what})"
@@ -195,18 +201,15 @@ def summary_rows(report: Report) -> list[tuple[str, str, str]]:
                        ("profile-cube3-double", "the issue's cube3 command")):
         pairs = report.pairs(stem, "json", report.json)
         if pairs:
-            kept = [two.get("blas_threads") for _, two in pairs]
             rows.append(threads_row(what, [(one["steps_per_min"], two["steps_per_min"]) for one, two in pairs],
-                                    "steps/min", f"kept {', '.join(str(k) for k in kept)} thread(s)"))
+                                    "steps/min", [two.get("blas_threads") for _, two in pairs]))
     pairs = report.pairs("profile-cube2-preset", "txt", lambda name: _or_none(preset_rates, report.text(name)))
     if pairs:
         rows.append(threads_row("`cube2` preset, profile", [(one[0], two[0]) for one, two in pairs], "steps/min"))
     pairs = report.pairs("train-cube2", "txt", lambda name: _or_none(trained_run, report.text(name)))
-    if pairs and all(one[0] and two[0] for one, two in pairs):
-        kept = [two[1] for _, two in pairs]
-        note = f"kept {', '.join(str(k) for k in kept)} thread(s)" if all(k is not None for k in kept) else ""
+    if pairs:
         rows.append(threads_row("`train --profile cube2 --minutes 1`", [(one[0], two[0]) for one, two in pairs],
-                                "gradient steps in the minute", note))
+                                "gradient steps in the minute", [two[1] for _, two in pairs]))
     text = report.text("startup.txt")
     if text is not None:
         s = startup_medians(text)
